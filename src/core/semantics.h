@@ -1,0 +1,128 @@
+// The definition of attention's masks, score transforms and dropout, shared by the float64
+// oracle, the CPU backend and the CUDA kernels so that all of them compute the same function.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define FA_HD __host__ __device__ __forceinline__
+#else
+#define FA_HD inline
+#endif
+
+namespace flashattn::semantics {
+
+// Window (left, right), -1 meaning unbounded, aligned bottom-right: query i of a sequence with
+// sq queries and sk keys sits at key position i + sk - sq. Causal is window (-1, 0).
+struct Window {
+  int left = -1, right = -1;
+  int seqlen_q = 0, seqlen_k = 0;
+
+  FA_HD int64_t diagonal(int64_t i) const { return i + seqlen_k - seqlen_q; }
+  FA_HD bool visible(int64_t i, int64_t j) const {
+    const int64_t c = diagonal(i);
+    return j >= 0 && j < seqlen_k && (left < 0 || j >= c - left) && (right < 0 || j <= c + right);
+  }
+  // Visible keys of row i lie in [first_key(i), last_key(i)] (empty when first > last).
+  FA_HD int64_t first_key(int64_t i) const {
+    const int64_t lo = left < 0 ? 0 : diagonal(i) - left;
+    return lo < 0 ? 0 : lo;
+  }
+  FA_HD int64_t last_key(int64_t i) const {
+    const int64_t hi = right < 0 ? seqlen_k - 1 : diagonal(i) + right;
+    return hi > seqlen_k - 1 ? seqlen_k - 1 : hi;
+  }
+  // Rows that see key j lie in [first_query(j), last_query(j)] (empty when first > last).
+  FA_HD int64_t first_query(int64_t j) const {
+    const int64_t lo = right < 0 ? 0 : j - right - (seqlen_k - seqlen_q);
+    return lo < 0 ? 0 : lo;
+  }
+  FA_HD int64_t last_query(int64_t j) const {
+    const int64_t hi = left < 0 ? seqlen_q - 1 : j + left - (seqlen_k - seqlen_q);
+    return hi > seqlen_q - 1 ? seqlen_q - 1 : hi;
+  }
+};
+
+// Softcap c > 0: s -> c * tanh(s / c). Applied to the scaled score, before ALiBi.
+template <typename T>
+FA_HD T softcap(T s, T cap) {
+  using std::tanh;
+  return cap > T(0) ? cap * tanh(s / cap) : s;
+}
+// d softcap(s) / ds, from the capped value t = softcap(s): 1 - (t / c)^2.
+template <typename T>
+FA_HD T softcap_grad(T capped, T cap) {
+  if (!(cap > T(0))) return T(1);
+  const T r = capped / cap;
+  return T(1) - r * r;
+}
+
+// ALiBi: -slope * |i + sk - sq - j|, added after softcap.
+template <typename T>
+FA_HD T alibi_bias(T slope, const Window& w, int64_t i, int64_t j) {
+  const int64_t dist = w.diagonal(i) - j;
+  return -slope * T(dist < 0 ? -dist : dist);
+}
+
+// Philox4x32 with 7 rounds (Salmon et al., SC'11): counter-based, so any (b, h, i, j) can be
+// drawn in any order, on any device, with the same result.
+struct Philox4 {
+  uint32_t x[4];
+};
+
+FA_HD uint32_t mulhilo(uint32_t a, uint32_t b, uint32_t* hi) {
+  const uint64_t p = uint64_t(a) * uint64_t(b);
+  *hi = uint32_t(p >> 32);
+  return uint32_t(p);
+}
+
+FA_HD Philox4 philox4x32_7(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
+  for (int round = 0; round < 7; ++round) {
+    uint32_t hi0, hi1;
+    const uint32_t lo0 = mulhilo(0xD2511F53u, c0, &hi0);
+    const uint32_t lo1 = mulhilo(0xCD9E8D57u, c2, &hi1);
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = lo0;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return Philox4{{c0, c1, c2, c3}};
+}
+
+// Dropout: one Philox call gives 8 keep decisions of 16 bits each, for keys 8m..8m+7 of one
+// (batch, query head, row). Element j keeps iff its 16-bit draw >= threshold, so the keep
+// probability is 1 - threshold / 65536 (p rounded down to a multiple of 2^-16).
+struct Dropout {
+  uint32_t threshold = 0;  // 0: no dropout
+  float inv_keep = 1.f;    // 1 / (1 - p)
+  uint64_t seed = 0, offset = 0;
+
+  static Dropout make(float p, uint64_t seed, uint64_t offset) {
+    Dropout d;
+    d.threshold = uint32_t(double(p) * 65536.0);
+    d.inv_keep = float(1.0 / (1.0 - double(p)));
+    d.seed = seed;
+    d.offset = offset;
+    return d;
+  }
+  FA_HD bool enabled() const { return threshold != 0; }
+
+  // The 8 draws of keys 8m..8m+7, packed as four 32-bit words (two 16-bit draws each, low first).
+  FA_HD Philox4 draws(int64_t batch_head, int64_t i, int64_t m) const {
+    return philox4x32_7(uint32_t(m), uint32_t(i), uint32_t(batch_head), uint32_t(offset),
+                        uint32_t(seed), uint32_t(seed >> 32) + uint32_t(offset >> 32));
+  }
+  FA_HD static uint32_t draw_of(const Philox4& r, int lane) {  // lane = j % 8
+    return (r.x[lane >> 1] >> ((lane & 1) * 16)) & 0xFFFFu;
+  }
+  // batch_head = batch * heads_q + query head.
+  FA_HD bool keep(int64_t batch_head, int64_t i, int64_t j) const {
+    if (!enabled()) return true;
+    return draw_of(draws(batch_head, i, j >> 3), int(j & 7)) >= threshold;
+  }
+};
+
+}  // namespace flashattn::semantics
