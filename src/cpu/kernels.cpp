@@ -11,108 +11,125 @@
 #else
 #define FA_MULTIVERSION
 #endif
+// Helpers are forced inline so each clone compiles them for its own target.
+#define FA_INLINE [[gnu::always_inline]] inline
 
 namespace flashattn::cpu {
 namespace {
 
-// 4 rows x 16 columns of C held in registers while k runs.
-constexpr int kRows = 4, kCols = 16;
+// Eight floats as one value (GCC/Clang vector extension): each multiversioned clone below maps
+// it to that target's registers (one ymm on AVX2, two xmm on the baseline).
+typedef float v8 __attribute__((vector_size(32), aligned(4)));
+typedef int32_t v8i __attribute__((vector_size(32), aligned(4)));
 
-inline void block_nn(int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
-  float acc[kRows][kCols];
-  for (int r = 0; r < kRows; ++r)
-    for (int x = 0; x < kCols; ++x) acc[r][x] = c[r * ldc + x];
+FA_INLINE v8 load8(const float* p) { return *reinterpret_cast<const v8*>(p); }
+FA_INLINE void store8(float* p, v8 x) { *reinterpret_cast<v8*>(p) = x; }
+
+// A tile of R rows x 16 columns of C accumulated in registers while p runs over k.
+// a(r, p) reads A (plain: A[i + r][p]; transposed: A[p][i + r]).
+template <int R, bool TransA>
+FA_INLINE void micro_16(int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
+  v8 acc[R][2];
+  for (int r = 0; r < R; ++r) {
+    acc[r][0] = load8(c + r * ldc);
+    acc[r][1] = load8(c + r * ldc + 8);
+  }
   for (int p = 0; p < k; ++p) {
-    const float* brow = b + int64_t(p) * ldb;
-#pragma GCC unroll 4
-    for (int r = 0; r < kRows; ++r) {
-      const float ar = a[r * lda + p];
-#pragma GCC unroll 16
-      for (int x = 0; x < kCols; ++x) acc[r][x] += ar * brow[x];
+    const v8 b0 = load8(b + int64_t(p) * ldb), b1 = load8(b + int64_t(p) * ldb + 8);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const float ar = TransA ? a[int64_t(p) * lda + r] : a[int64_t(r) * lda + p];
+      acc[r][0] += ar * b0;
+      acc[r][1] += ar * b1;
     }
   }
-  for (int r = 0; r < kRows; ++r)
-    for (int x = 0; x < kCols; ++x) c[r * ldc + x] = acc[r][x];
+  for (int r = 0; r < R; ++r) {
+    store8(c + r * ldc, acc[r][0]);
+    store8(c + r * ldc + 8, acc[r][1]);
+  }
 }
 
-// Any remainder: one row of C at a time, vectorised along n.
-inline void edge_nn(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
-  for (int r = 0; r < m; ++r)
-    for (int p = 0; p < k; ++p) {
-      const float ar = a[int64_t(r) * lda + p];
-      const float* brow = b + int64_t(p) * ldb;
-      float* crow = c + int64_t(r) * ldc;
-      for (int x = 0; x < n; ++x) crow[x] += ar * brow[x];
+// Columns past the last multiple of 16, one at a time.
+template <bool TransA>
+inline void tail_columns(int m, int n0, int n, int k, const float* a, int lda, const float* b, int ldb, float* c,
+                         int ldc) {
+  for (int i = 0; i < m; ++i)
+    for (int j = n0; j < n; ++j) {
+      float sum = c[int64_t(i) * ldc + j];
+      for (int p = 0; p < k; ++p)
+        sum += (TransA ? a[int64_t(p) * lda + i] : a[int64_t(i) * lda + p]) * b[int64_t(p) * ldb + j];
+      c[int64_t(i) * ldc + j] = sum;
     }
+}
+
+template <int R, bool TransA>
+FA_INLINE void row_block(int i, int n16, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
+  const float* arow = TransA ? a + i : a + int64_t(i) * lda;
+  for (int j = 0; j < n16; j += 16) micro_16<R, TransA>(k, arow, lda, b + j, ldb, c + int64_t(i) * ldc + j, ldc);
+}
+
+// C[m x n] += op(A) B with 6-row register blocks, then the remaining rows.
+template <bool TransA>
+FA_INLINE void gemm(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
+  const int n16 = n - n % 16;
+  int i = 0;
+  for (; i + 6 <= m; i += 6) row_block<6, TransA>(i, n16, k, a, lda, b, ldb, c, ldc);
+  switch (m - i) {
+    case 5: row_block<5, TransA>(i, n16, k, a, lda, b, ldb, c, ldc); break;
+    case 4: row_block<4, TransA>(i, n16, k, a, lda, b, ldb, c, ldc); break;
+    case 3: row_block<3, TransA>(i, n16, k, a, lda, b, ldb, c, ldc); break;
+    case 2: row_block<2, TransA>(i, n16, k, a, lda, b, ldb, c, ldc); break;
+    case 1: row_block<1, TransA>(i, n16, k, a, lda, b, ldb, c, ldc); break;
+    default: break;
+  }
+  if (n16 < n) tail_columns<TransA>(m, n16, n, k, a, lda, b, ldb, c, ldc);
 }
 
 }  // namespace
 
 FA_MULTIVERSION
 void gemm_nn(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
-  const int m4 = m - m % kRows, n16 = n - n % kCols;
-  for (int i = 0; i < m4; i += kRows)
-    for (int j = 0; j < n16; j += kCols)
-      block_nn(k, a + int64_t(i) * lda, lda, b + j, ldb, c + int64_t(i) * ldc + j, ldc);
-  if (n16 < n) edge_nn(m4, n - n16, k, a, lda, b + n16, ldb, c + n16, ldc);
-  if (m4 < m) edge_nn(m - m4, n, k, a + int64_t(m4) * lda, lda, b, ldb, c + int64_t(m4) * ldc, ldc);
+  gemm<false>(m, n, k, a, lda, b, ldb, c, ldc);
 }
 
 FA_MULTIVERSION
 void gemm_tn(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
-  // C[i][:] += sum_p A[p][i] * B[p][:]; rows of C in blocks of 4 so each B row is read once per block.
-  int i = 0;
-  for (; i + kRows <= m; i += kRows)
-    for (int j = 0; j < n; j += kCols) {
-      const int w = n - j < kCols ? n - j : kCols;
-      float acc[kRows][kCols] = {};
-      for (int p = 0; p < k; ++p) {
-        const float* brow = b + int64_t(p) * ldb + j;
-        const float* arow = a + int64_t(p) * lda + i;
-        if (w == kCols) {
-#pragma GCC unroll 4
-          for (int r = 0; r < kRows; ++r)
-#pragma GCC unroll 16
-            for (int x = 0; x < kCols; ++x) acc[r][x] += arow[r] * brow[x];
-        } else {
-          for (int r = 0; r < kRows; ++r)
-            for (int x = 0; x < w; ++x) acc[r][x] += arow[r] * brow[x];
-        }
-      }
-      for (int r = 0; r < kRows; ++r)
-        for (int x = 0; x < w; ++x) c[int64_t(i + r) * ldc + j + x] += acc[r][x];
-    }
-  for (; i < m; ++i)
-    for (int p = 0; p < k; ++p) {
-      const float ai = a[int64_t(p) * lda + i];
-      const float* brow = b + int64_t(p) * ldb;
-      float* crow = c + int64_t(i) * ldc;
-      for (int x = 0; x < n; ++x) crow[x] += ai * brow[x];
-    }
+  gemm<true>(m, n, k, a, lda, b, ldb, c, ldc);
 }
 
+namespace {
+
 // exp(x) = 2^n * e^r with n = round(x log2 e), r = x - n ln 2 (two-part ln 2), e^r by a degree-6
-// polynomial; about 2 ulp, and branch-free so the loop vectorises.
+// polynomial: about 2 ulp. Inputs below -87 give exactly 0, so -inf does.
+FA_INLINE v8 exp8(v8 v) {
+  const v8 lo = v8{} - 87.0f, hi = v8{} + 88.0f;
+  v8 x = v < lo ? lo : v;
+  x = x > hi ? hi : x;
+  const v8 t = x * 1.44269504088896341f;
+  const v8i n = __builtin_convertvector(t + (t >= 0 ? v8{} + 0.5f : v8{} - 0.5f), v8i);
+  const v8 fn = __builtin_convertvector(n, v8);
+  const v8 r = (x - fn * 0.693359375f) + fn * 2.12194440e-4f;
+  v8 p = v8{} + 1.3981999507E-3f;
+  p = p * r + 8.3334519073E-3f;
+  p = p * r + 4.1665795894E-2f;
+  p = p * r + 1.6666665459E-1f;
+  p = p * r + 5.0000001201E-1f;
+  const v8 e = (p * r * r + r) + 1.0f;
+  const v8 scaled = reinterpret_cast<v8>(reinterpret_cast<v8i>(e) + (n << 23));
+  return v < lo ? v8{} : scaled;
+}
+
+}  // namespace
+
 FA_MULTIVERSION
 void exp_inplace(float* x, int n) {
-  for (int i = 0; i < n; ++i) {
-    const float v = x[i];
-    const float c = v < -87.0f ? -87.0f : (v > 88.0f ? 88.0f : v);
-    const float t = c * 1.44269504088896341f;
-    const float fn = float(int(t + (t >= 0 ? 0.5f : -0.5f)));
-    const float r = (c - fn * 0.693359375f) + fn * 2.12194440e-4f;
-    float p = 1.3981999507E-3f;
-    p = p * r + 8.3334519073E-3f;
-    p = p * r + 4.1665795894E-2f;
-    p = p * r + 1.6666665459E-1f;
-    p = p * r + 5.0000001201E-1f;
-    const float e = (p * r * r + r) + 1.0f;
-    int32_t bits;
-    std::memcpy(&bits, &e, 4);
-    bits += int32_t(fn) << 23;
-    float out;
-    std::memcpy(&out, &bits, 4);
-    x[i] = v < -87.0f ? 0.0f : out;
+  int i = 0;
+  for (; i + 8 <= n; i += 8) store8(x + i, exp8(load8(x + i)));
+  if (i < n) {
+    float tail[8] = {};
+    for (int j = i; j < n; ++j) tail[j - i] = x[j];
+    const v8 e = exp8(load8(tail));
+    for (int j = i; j < n; ++j) x[j] = e[j - i];
   }
 }
 
