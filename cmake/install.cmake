@@ -12,6 +12,7 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/flashattnConfigVersion.cm
                                  COMPATIBILITY SameMajorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/flashattnConfig.cmake ${PROJECT_BINARY_DIR}/flashattnConfigVersion.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/flashattn)
+file(RELATIVE_PATH FLASHATTN_PC_PREFIX_FROM_PCDIR /prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig /prefix)
 configure_file(cmake/flashattn.pc.in ${PROJECT_BINARY_DIR}/flashattn.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/flashattn.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 if(FLASHATTN_BUILD_CLI AND TARGET flashattn_cli)

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Builds everything with tests (CUDA too when nvcc is present) and runs every test: the C++ suite
+# through CTest (GPU tests skip visibly without a GPU) and the Python suite through pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+
+cmake --preset test
+cmake --build --preset test -j "$jobs"
+ctest --preset test -j "$jobs"
+
+if [ -f pyproject.toml ]; then
+  # The Python package builds its own copy of the library; it needs the CUDA backend only where a
+  # GPU can run it.
+  cuda=OFF
+  nvidia-smi >/dev/null 2>&1 && cuda=AUTO
+  python3 -m venv --system-site-packages build/test/venv
+  build/test/venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation \
+    -C cmake.define.FLASHATTN_CUDA=$cuda -C build-dir=build/test/python .
+  build/test/venv/bin/python -m pytest -q python/tests
+fi
