@@ -1,9 +1,11 @@
-// CPU FlashAttention backward. Scores are recomputed tile by tile from the saved lse, and dropout
-// is redrawn, so no seqlen_q x seqlen_k buffer exists. Two passes keep every output element owned
-// by one thread (deterministic, no atomics):
-//   key pass:   per (batch, kv head, key tile): dV += P~^T dO, dK += dS^T Q over the group's heads;
+// CPU FlashAttention backward. Scores are recomputed tile by tile from the saved lse and dropout is
+// redrawn, so no seqlen_q x seqlen_k buffer exists. Two passes keep every output element owned by
+// one thread (deterministic, no atomics):
+//   key pass:   per (batch, kv head, key tile): dV += P~^T dO and dK += dS^T Q over the group's heads;
 //   query pass: per (batch, head, query tile): dQ += dS K.
 // with P = exp(s - lse), dP = z * (dO V^T), D = rowsum(dO * O), dS = P * (dP - D) * softcap'.
+// Each pass transposes its stationary side once per work item and reads the streamed rows in place:
+// the key pass works on query-major tiles (Q K^T), the query pass on key-major ones (K Q^T).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -17,41 +19,39 @@ namespace flashattn::cpu {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int kTile = kBlockQ * kBlockK;  // floats of one score tile, either layout
 
-// Everything one (query tile, key tile) step needs; shared by both passes.
 struct BackwardScratch {
-  float *q, *dout, *delta, *lse;        // query side
-  float *k, *kt, *vt;                    // key side
-  float *s, *dp, *z, *cap_grad;          // the tile's P, dS, dropout factors, softcap'
-  float *dropped;                        // P~ = z P when dropout is on
-  const float* ptilde = nullptr;         // P~: `dropped`, or `s` without dropout
-  float *acc_a, *acc_b;                  // dK, dV (key pass) or dQ (query pass)
-  float* row;
+  float *stationary_a, *stationary_b;  // K^T and V^T (key pass) or Q^T and dO^T (query pass)
+  float *q, *dout, *o;                 // converted rows when the dtype is not float32
+  float *delta, *lse;                  // per query row
+  float *s, *dp, *z, *cap_grad, *dropped;
+  const float* ptilde = nullptr;       // P~: `dropped`, or `s` without dropout
+  float *acc_a, *acc_b;                // dK, dV (key pass) or dQ (query pass)
 
   static size_t floats(const Params& p) {
-    const size_t d = p.head_dim, dv = p.head_dim_v, bq = kBlockQ, bk = kBlockK;
+    const size_t d = p.head_dim, dv = p.head_dim_v, rows = std::max(kBlockQ, kBlockK);
     auto r = Scratch::round_up;
-    return r(bq * d) + r(bq * dv) + 2 * r(bq) + r(bk * d) + r(d * bk) + r(dv * bk) + 5 * r(bq * bk) +
-           r(std::max(bk, bq) * d) + r(bk * dv) + r(std::max(d, dv));
+    return r(d * rows) + r(dv * rows) + r(rows * d) + 2 * r(rows * dv) + 2 * r(kBlockQ) + 5 * r(kTile) +
+           r(rows * d) + r(rows * dv);
   }
   BackwardScratch(const Params& p, float* base) {
-    const int d = p.head_dim, dv = p.head_dim_v;
+    const int d = p.head_dim, dv = p.head_dim_v, rows = std::max(kBlockQ, kBlockK);
     Scratch a(base);
-    q = a.take(kBlockQ * d);
-    dout = a.take(kBlockQ * dv);
+    stationary_a = a.take(d * rows);
+    stationary_b = a.take(dv * rows);
+    q = a.take(rows * d);
+    dout = a.take(rows * dv);
+    o = a.take(rows * dv);
     delta = a.take(kBlockQ);
     lse = a.take(kBlockQ);
-    k = a.take(kBlockK * d);
-    kt = a.take(d * kBlockK);
-    vt = a.take(dv * kBlockK);
-    s = a.take(kBlockQ * kBlockK);
-    dp = a.take(kBlockQ * kBlockK);
-    z = a.take(kBlockQ * kBlockK);
-    cap_grad = a.take(kBlockQ * kBlockK);
-    dropped = a.take(kBlockQ * kBlockK);
-    acc_a = a.take(std::max(kBlockK, kBlockQ) * d);
-    acc_b = a.take(kBlockK * dv);
-    row = a.take(std::max(d, dv));
+    s = a.take(kTile);
+    dp = a.take(kTile);
+    z = a.take(kTile);
+    cap_grad = a.take(kTile);
+    dropped = a.take(kTile);
+    acc_a = a.take(rows * d);
+    acc_b = a.take(rows * dv);
   }
 };
 
@@ -60,117 +60,113 @@ struct Ctx {
   const RowCodec& codec;
 };
 
-// Query side of head h, rows [i0, i0 + nq): Q, dO, D = rowsum(dO * O), lse.
-void load_query_side(const Ctx& c, int b, int h, int64_t i0, int nq, BackwardScratch& w) {
+// D = rowsum(dO * O) and lse of rows [i0, i0 + nq) of head h.
+void load_row_stats(const Ctx& c, int b, int h, int64_t i0, int nq, const RowTile& dout, BackwardScratch& w) {
   const Params& p = c.p;
-  const int d = p.head_dim, dv = p.head_dim_v;
+  const int dv = p.head_dim_v;
   const int64_t qs = p.q_start(b);
-  load_tile(c.codec, p.q, b, qs, i0, nq, h, d, w.q, d);
-  load_tile(c.codec, p.dout, b, qs, i0, nq, h, dv, w.dout, dv);
+  const RowTile o = rows_of(c.codec, p.out, b, qs, i0, nq, h, dv, w.o);
   for (int r = 0; r < nq; ++r) {
-    load_tile(c.codec, p.out, b, qs, i0 + r, 1, h, dv, w.row, dv);
     float dot = 0;
-    for (int x = 0; x < dv; ++x) dot += w.dout[r * dv + x] * w.row[x];
+    for (int x = 0; x < dv; ++x) dot += dout.data[int64_t(r) * dout.ld + x] * o.data[int64_t(r) * o.ld + x];
     w.delta[r] = dot;
     w.lse[r] = p.lse[b * p.lse_batch + h * p.lse_head + qs + i0 + r];
   }
 }
 
-// Key side of kv head hk, keys [j0, j0 + nk): K^T and V^T (and K itself for the query pass).
-void load_key_side(const Ctx& c, int b, int hk, int64_t j0, int nk, bool with_k, BackwardScratch& w) {
-  const Params& p = c.p;
-  const int64_t ks = p.k_start(b);
-  load_tile_transposed(c.codec, p.k, b, ks, j0, nk, hk, p.head_dim, w.kt, kBlockK, w.row);
-  load_tile_transposed(c.codec, p.v, b, ks, j0, nk, hk, p.head_dim_v, w.vt, kBlockK, w.row);
-  if (with_k) load_tile(c.codec, p.k, b, ks, j0, nk, hk, p.head_dim, w.k, p.head_dim);
-}
-
-// From the loaded sides: w.s = P, w.ptilde = P~ (after dropout), w.dp = dS (without the scale).
-void tile_gradients(const Ctx& c, const ScoreRule& rule, int64_t i0, int nq, int64_t j0, int nk, BackwardScratch& w) {
-  const Params& p = c.p;
-  const int d = p.head_dim, dv = p.head_dim_v;
-  const bool capped = p.softcap > 0, dropout = rule.dropout.enabled();
-  std::fill(w.s, w.s + nq * kBlockK, 0.f);
-  gemm_nn(nq, nk, d, w.q, d, w.kt, kBlockK, w.s, kBlockK);  // S = Q K^T
-  rule.transform(w.s, kBlockK, i0, nq, j0, nk, capped ? w.cap_grad : nullptr);
-  for (int r = 0; r < nq; ++r) {  // P = exp(s - lse); rows without visible keys have P = 0
-    float* row = w.s + r * kBlockK;
-    const float lse = w.lse[r];
-    if (lse == kNegInf) std::fill(row, row + nk, 0.f);
-    else {
-      for (int x = 0; x < nk; ++x) row[x] -= lse;
-      exp_inplace(row, nk);
-    }
+// From raw q.k products in w.s and raw dO.v products in w.dp (both in `shape`): w.s = P,
+// w.ptilde = P~ (after dropout), w.dp = dS without the softmax scale.
+void tile_gradients(const Ctx& c, const ScoreRule& rule, const TileShape& shape, int64_t i0, int64_t j0,
+                    BackwardScratch& w) {
+  const bool capped = c.p.softcap > 0, dropout = rule.dropout.enabled();
+  rule.transform(w.s, shape, i0, j0, capped ? w.cap_grad : nullptr);
+  // P = exp(s - lse); a row without visible keys (lse = -inf) has P = 0.
+  float* s = w.s;
+  const float* lse = w.lse;
+  shape.for_each([&](int r, int, int x) { s[x] = lse[r] == kNegInf ? kNegInf : s[x] - lse[r]; });
+  if (shape.is_key_major()) {
+    for (int col = 0; col < shape.nk; ++col) exp_inplace(s + col * shape.col, shape.nq);
+  } else {
+    for (int row = 0; row < shape.nq; ++row) exp_inplace(s + row * shape.row, shape.nk);
   }
-  std::fill(w.dp, w.dp + nq * kBlockK, 0.f);
-  gemm_nn(nq, nk, dv, w.dout, dv, w.vt, kBlockK, w.dp, kBlockK);  // dP~ = dO V^T
   w.ptilde = w.s;
   if (dropout) {
-    std::copy(w.s, w.s + nq * kBlockK, w.dropped);
-    rule.apply_dropout(w.dropped, kBlockK, i0, nq, j0, nk, w.z);
+    std::copy(w.s, w.s + kTile, w.dropped);
+    rule.apply_dropout(w.dropped, shape, i0, j0, w.z);
     w.ptilde = w.dropped;
   }
-  for (int r = 0; r < nq; ++r) {
-    const float* prob = w.s + r * kBlockK;
-    float* dp = w.dp + r * kBlockK;
-    const float* z = w.z + r * kBlockK;
-    const float* g = w.cap_grad + r * kBlockK;
-    for (int x = 0; x < nk; ++x) {  // dS = P (z dP~ - D); dropped keys still get -P D
-      float ds = prob[x] * ((dropout ? z[x] * dp[x] : dp[x]) - w.delta[r]);
-      if (capped) ds *= g[x];
-      dp[x] = ds;
-    }
-  }
+  float* dp = w.dp;
+  const float *z = w.z, *g = w.cap_grad, *delta = w.delta;
+  shape.for_each([&](int r, int, int x) {  // dS = P (z dP~ - D); dropped keys still get -P D
+    float ds = s[x] * ((dropout ? z[x] * dp[x] : dp[x]) - delta[r]);
+    if (capped) ds *= g[x];
+    dp[x] = ds;
+  });
 }
 
 void key_pass_tile(const Ctx& c, int b, int hk, int64_t j0, BackwardScratch& w) {
   const Params& p = c.p;
   const int d = p.head_dim, dv = p.head_dim_v;
-  const int64_t ks = p.k_start(b);
+  const int64_t ks = p.k_start(b), qs = p.q_start(b);
   const int nk = int(std::min<int64_t>(kBlockK, p.seqlen_k_of(b) - j0));
-  float* dk = w.acc_a;
-  float* dvacc = w.acc_b;
+  float *kt = w.stationary_a, *vt = w.stationary_b, *dk = w.acc_a, *dvacc = w.acc_b;
+  load_transposed(c.codec, p.k, b, ks, j0, nk, hk, d, kt, kBlockK);
+  load_transposed(c.codec, p.v, b, ks, j0, nk, hk, dv, vt, kBlockK);
   std::fill(dk, dk + nk * d, 0.f);
   std::fill(dvacc, dvacc + nk * dv, 0.f);
-  load_key_side(c, b, hk, j0, nk, false, w);
   for (int h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h) {
     const ScoreRule rule = ScoreRule::make(p, b, h);
     const Span rows = queries_seeing(rule.window, j0, nk);
     for (int64_t i0 = rows.begin; i0 < rows.end; i0 += kBlockQ) {
       const int nq = int(std::min<int64_t>(kBlockQ, rows.end - i0));
-      load_query_side(c, b, h, i0, nq, w);
-      tile_gradients(c, rule, i0, nq, j0, nk, w);
-      gemm_tn(nk, dv, nq, w.ptilde, kBlockK, w.dout, dv, dvacc, dv);  // dV += P~^T dO
-      gemm_tn(nk, d, nq, w.dp, kBlockK, w.q, d, dk, d);          // dK += dS^T Q
+      const TileShape shape = TileShape::query_major(nq, nk, kBlockK);
+      const RowTile q = rows_of(c.codec, p.q, b, qs, i0, nq, h, d, w.q);
+      const RowTile dout = rows_of(c.codec, p.dout, b, qs, i0, nq, h, dv, w.dout);
+      load_row_stats(c, b, h, i0, nq, dout, w);
+      std::fill(w.s, w.s + kTile, 0.f);
+      std::fill(w.dp, w.dp + kTile, 0.f);
+      gemm_nn(nq, nk, d, q.data, q.ld, kt, kBlockK, w.s, kBlockK);            // S = Q K^T
+      gemm_nn(nq, nk, dv, dout.data, dout.ld, vt, kBlockK, w.dp, kBlockK);    // dP~ = dO V^T
+      tile_gradients(c, rule, shape, i0, j0, w);
+      gemm_tn(nk, dv, nq, w.ptilde, kBlockK, dout.data, dout.ld, dvacc, dv);  // dV += P~^T dO
+      gemm_tn(nk, d, nq, w.dp, kBlockK, q.data, q.ld, dk, d);                 // dK += dS^T Q
     }
   }
   for (int x = 0; x < nk * d; ++x) dk[x] *= p.scale;
-  store_tile(c.codec, dk, d, p.dk, b, ks, j0, nk, hk, d);
-  store_tile(c.codec, dvacc, dv, p.dv, b, ks, j0, nk, hk, dv);
+  store_rows(c.codec, dk, d, p.dk, b, ks, j0, nk, hk, d);
+  store_rows(c.codec, dvacc, dv, p.dv, b, ks, j0, nk, hk, dv);
 }
 
 void query_pass_tile(const Ctx& c, int b, int h, int64_t i0, BackwardScratch& w) {
   const Params& p = c.p;
-  const int d = p.head_dim;
-  const int hk = h / p.group_size();
+  const int d = p.head_dim, dv = p.head_dim_v, hk = h / p.group_size();
+  const int64_t ks = p.k_start(b), qs = p.q_start(b);
   const ScoreRule rule = ScoreRule::make(p, b, h);
   const int nq = int(std::min<int64_t>(kBlockQ, rule.window.seqlen_q - i0));
-  float* dq = w.acc_a;
+  float *qt = w.stationary_a, *dot = w.stationary_b, *dq = w.acc_a;
+  load_transposed(c.codec, p.q, b, qs, i0, nq, h, d, qt, kBlockQ);
+  load_transposed(c.codec, p.dout, b, qs, i0, nq, h, dv, dot, kBlockQ);
+  load_row_stats(c, b, h, i0, nq, rows_of(c.codec, p.dout, b, qs, i0, nq, h, dv, w.dout), w);
   std::fill(dq, dq + nq * d, 0.f);
-  load_query_side(c, b, h, i0, nq, w);
   const Span keys = keys_seen(rule.window, i0, nq);
   for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlockK) {
     const int nk = int(std::min<int64_t>(kBlockK, keys.end - j0));
-    load_key_side(c, b, hk, j0, nk, true, w);
-    tile_gradients(c, rule, i0, nq, j0, nk, w);
-    gemm_nn(nq, d, nk, w.dp, kBlockK, w.k, d, dq, d);  // dQ += dS K
+    const TileShape shape = TileShape::key_major(nq, nk, kBlockQ);
+    const RowTile k = rows_of(c.codec, p.k, b, ks, j0, nk, hk, d, w.q);
+    const RowTile v = rows_of(c.codec, p.v, b, ks, j0, nk, hk, dv, w.o);
+    std::fill(w.s, w.s + kTile, 0.f);
+    std::fill(w.dp, w.dp + kTile, 0.f);
+    gemm_nn(nk, nq, d, k.data, k.ld, qt, kBlockQ, w.s, kBlockQ);     // S^T = K Q^T
+    gemm_nn(nk, nq, dv, v.data, v.ld, dot, kBlockQ, w.dp, kBlockQ);  // dP~^T = V dO^T
+    tile_gradients(c, rule, shape, i0, j0, w);
+    gemm_tn(nq, d, nk, w.dp, kBlockQ, k.data, k.ld, dq, d);          // dQ += dS K
   }
   for (int x = 0; x < nq * d; ++x) dq[x] *= p.scale;
-  store_tile(c.codec, dq, d, p.dq, b, p.q_start(b), i0, nq, h, d);
+  store_rows(c.codec, dq, d, p.dq, b, qs, i0, nq, h, d);
 }
 
-// Runs body(b, head, row0) over batch x heads x tiles of `tile` rows, longest sequences' last
-// tiles first, on `threads` threads, each with its own scratch.
+// Runs body(b, head, row0, scratch) over batch x heads x tiles of `tile` rows on the CPU's
+// threads; query tiles run last-first, since under a causal mask they see the most keys.
 template <typename Body>
 void parallel_tiles(const Params& p, int heads, int tile, bool keys, Body body) {
   const int64_t longest = keys ? p.seqlen_k : p.seqlen_q;

@@ -1,119 +1,214 @@
-// CPU FlashAttention forward: each (batch, head, query tile) streams key/value tiles, keeping a
-// running max m, running sum l and unnormalised output O per row (online softmax).
-#include "cpu/passes.h"
-
+// CPU FlashAttention forward. A work item is a tile of up to kBlockQ query rows of one (batch,
+// head), or, for decoding-shaped calls, one slice of its keys. It keeps a running max m, running
+// sum l and unnormalised output O per row (online softmax) while key/value tiles stream past.
+// Scores are computed key-major, S^T = K Q^T, so Q is transposed once per item and K, V are read
+// in place; the softmax's per-row reductions then run down columns, vectorised across rows.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
-#include "cpu/tile.h"
-
 #include <omp.h>
+
+#include "cpu/passes.h"
+#include "cpu/tile.h"
 
 namespace flashattn::cpu {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-struct ForwardScratch {
-  float *q, *kt, *v, *s, *o, *m, *l, *row;
+// Work decomposition, a function of the problem's shape only (never of the thread count), so
+// results are bit-identical however many threads run.
+struct ForwardPlan {
+  int64_t q_tiles = 0;   // per (batch, head), of the longest sequence
+  int64_t splits = 1;    // key slices per query tile
+  int64_t items() const { return batch_heads * q_tiles * splits; }
+  int64_t batch_heads = 0;
 
-  static size_t floats(const Params& p) {
-    const size_t d = p.head_dim, dv = p.head_dim_v;
-    return Scratch::round_up(kBlockQ * d) + Scratch::round_up(d * kBlockK) + Scratch::round_up(kBlockK * dv) +
-           Scratch::round_up(kBlockQ * kBlockK) + Scratch::round_up(kBlockQ * dv) + 2 * Scratch::round_up(kBlockQ) +
-           Scratch::round_up(std::max(d, dv));
+  static ForwardPlan make(const Params& p) {
+    ForwardPlan plan;
+    plan.batch_heads = int64_t(p.batch) * p.heads_q;
+    plan.q_tiles = (p.seqlen_q + kBlockQ - 1) / kBlockQ;
+    // Few query tiles and many keys (decoding): slice the keys so that about kTargetItems items
+    // exist, each with at least kMinKeysPerSplit keys.
+    constexpr int64_t kTargetItems = 32, kMinKeysPerSplit = 1024;
+    const int64_t tiles = plan.batch_heads * plan.q_tiles;
+    if (tiles > 0 && tiles < kTargetItems && !p.varlen())
+      plan.splits = std::clamp<int64_t>(std::min(kTargetItems / tiles, p.seqlen_k / kMinKeysPerSplit), 1, kTargetItems);
+    return plan;
   }
-  ForwardScratch(const Params& p, float* base) {
-    Scratch a(base);
-    q = a.take(kBlockQ * p.head_dim);
-    kt = a.take(p.head_dim * kBlockK);
-    v = a.take(kBlockK * p.head_dim_v);
-    s = a.take(kBlockQ * kBlockK);
-    o = a.take(kBlockQ * p.head_dim_v);
-    m = a.take(kBlockQ);
-    l = a.take(kBlockQ);
-    row = a.take(std::max(p.head_dim, p.head_dim_v));
+  // Keys [begin, end) of `keys` that slice `split` covers (whole tiles of kBlockK).
+  Span slice(const Span& keys, int64_t split) const {
+    if (splits == 1) return keys;
+    const int64_t tiles = (keys.end - keys.begin + kBlockK - 1) / kBlockK;
+    const int64_t per = (tiles + splits - 1) / splits;
+    const int64_t b = std::min(keys.end, keys.begin + split * per * kBlockK);
+    return Span{b, std::min(keys.end, b + per * kBlockK)};
   }
 };
 
-// Online softmax over one tile of scores: updates m and l, rescales O, leaves P in s.
-void online_softmax(float* s, int nq, int nk, float* m, float* l, float* o, int dv) {
-  for (int r = 0; r < nq; ++r) {
-    float* row = s + r * kBlockK;
-    float m_new = m[r];
-    for (int c = 0; c < nk; ++c) m_new = std::max(m_new, row[c]);
-    if (m_new == kNegInf) {  // nothing visible yet in this row
-      std::fill(row, row + nk, 0.f);
-      continue;
-    }
-    const float correction = m[r] == kNegInf ? 0.f : std::exp(m[r] - m_new);
-    for (int c = 0; c < nk; ++c) row[c] -= m_new;
-    exp_inplace(row, nk);
-    float sum = 0;
-    for (int c = 0; c < nk; ++c) sum += row[c];
-    l[r] = l[r] * correction + sum;
-    m[r] = m_new;
-    if (correction != 1.f)
-      for (int x = 0; x < dv; ++x) o[r * dv + x] *= correction;
+// Per-thread scratch.
+struct ForwardScratch {
+  float *qt, *k, *v, *s, *o, *m, *l, *corr;
+
+  static size_t floats(const Params& p) {
+    const size_t d = p.head_dim, dv = p.head_dim_v;
+    auto r = Scratch::round_up;
+    return r(d * kBlockQ) + r(kBlockK * d) + r(kBlockK * dv) + r(kBlockK * kBlockQ) + r(kBlockQ * dv) + 3 * r(kBlockQ);
   }
+  ForwardScratch(const Params& p, float* base) {
+    Scratch a(base);
+    qt = a.take(p.head_dim * kBlockQ);
+    k = a.take(kBlockK * p.head_dim);
+    v = a.take(kBlockK * p.head_dim_v);
+    s = a.take(kBlockK * kBlockQ);
+    o = a.take(kBlockQ * p.head_dim_v);
+    m = a.take(kBlockQ);
+    l = a.take(kBlockQ);
+    corr = a.take(kBlockQ);
+  }
+};
+
+// Partial results of one key slice, combined after all slices ran: m, l, then O [kBlockQ x dv].
+size_t partial_floats(const Params& p) { return size_t(kBlockQ) * (2 + p.head_dim_v); }
+
+// Online softmax over a key-major tile s[nk][kBlockQ]: updates m and l, rescales O, leaves P in s.
+void online_softmax(float* s, int nq, int nk, ForwardScratch& w, int dv) {
+  float* m = w.m;
+  float* corr = w.corr;
+  for (int r = 0; r < nq; ++r) corr[r] = m[r];  // keep the old max
+  for (int c = 0; c < nk; ++c)
+    for (int r = 0; r < nq; ++r) m[r] = std::max(m[r], s[c * kBlockQ + r]);
+  // Rows with no visible key so far keep m = -inf; subtracting 0 instead turns their -inf scores
+  // into exp(-inf) = 0 rather than NaN.
+  for (int r = 0; r < nq; ++r) corr[r] -= (m[r] == kNegInf ? 0.f : m[r]);
+  exp_inplace(corr, nq);
+  for (int c = 0; c < nk; ++c) {
+    float* col = s + c * kBlockQ;
+    for (int r = 0; r < nq; ++r) col[r] -= (m[r] == kNegInf ? 0.f : m[r]);
+    exp_inplace(col, nq);
+  }
+  for (int r = 0; r < nq; ++r) w.l[r] *= corr[r];
+  for (int c = 0; c < nk; ++c)
+    for (int r = 0; r < nq; ++r) w.l[r] += s[c * kBlockQ + r];
+  for (int r = 0; r < nq; ++r)
+    if (corr[r] != 1.f)
+      for (int x = 0; x < dv; ++x) w.o[r * dv + x] *= corr[r];
 }
 
-void forward_tile(const Params& p, const RowCodec& codec, int b, int h, int64_t i0, ForwardScratch& w) {
-  const int d = p.head_dim, dv = p.head_dim_v, hk = h / p.group_size();
-  const ScoreRule rule = ScoreRule::make(p, b, h);
-  const int nq = int(std::min<int64_t>(kBlockQ, rule.window.seqlen_q - i0));
-  const int64_t qs = p.q_start(b), ks = p.k_start(b);
+struct Ctx {
+  const Params& p;
+  const RowCodec& codec;
+  ForwardPlan plan;
+};
 
-  load_tile(codec, p.q, b, qs, i0, nq, h, d, w.q, d);
+// Streams keys `keys` past query rows [i0, i0 + nq) of head h: leaves m, l and O in w.
+void attend(const Ctx& c, const ScoreRule& rule, int b, int h, int64_t i0, int nq, Span keys, ForwardScratch& w) {
+  const Params& p = c.p;
+  const int d = p.head_dim, dv = p.head_dim_v, hk = h / p.group_size();
+  const int64_t ks = p.k_start(b);
+  load_transposed(c.codec, p.q, b, p.q_start(b), i0, nq, h, d, w.qt, kBlockQ);
   std::fill(w.m, w.m + nq, kNegInf);
   std::fill(w.l, w.l + nq, 0.f);
   std::fill(w.o, w.o + nq * dv, 0.f);
-
-  const Span keys = keys_seen(rule.window, i0, nq);
   for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlockK) {
     const int nk = int(std::min<int64_t>(kBlockK, keys.end - j0));
-    load_tile_transposed(codec, p.k, b, ks, j0, nk, hk, d, w.kt, kBlockK, w.row);
-    load_tile(codec, p.v, b, ks, j0, nk, hk, dv, w.v, dv);
-    std::fill(w.s, w.s + nq * kBlockK, 0.f);
-    gemm_nn(nq, nk, d, w.q, d, w.kt, kBlockK, w.s, kBlockK);  // S = Q K^T
-    rule.transform(w.s, kBlockK, i0, nq, j0, nk, nullptr);
-    online_softmax(w.s, nq, nk, w.m, w.l, w.o, dv);
-    if (rule.dropout.enabled()) rule.apply_dropout(w.s, kBlockK, i0, nq, j0, nk, nullptr);
-    gemm_nn(nq, dv, nk, w.s, kBlockK, w.v, dv, w.o, dv);  // O += P V
+    const TileShape shape = TileShape::key_major(nq, nk, kBlockQ);
+    const RowTile k = rows_of(c.codec, p.k, b, ks, j0, nk, hk, d, w.k);
+    const RowTile v = rows_of(c.codec, p.v, b, ks, j0, nk, hk, dv, w.v);
+    std::fill(w.s, w.s + nk * kBlockQ, 0.f);
+    gemm_nn(nk, nq, d, k.data, k.ld, w.qt, kBlockQ, w.s, kBlockQ);  // S^T = K Q^T
+    rule.transform(w.s, shape, i0, j0, nullptr);
+    online_softmax(w.s, nq, nk, w, dv);
+    if (rule.dropout.enabled()) rule.apply_dropout(w.s, shape, i0, j0, nullptr);
+    gemm_tn(nq, dv, nk, w.s, kBlockQ, v.data, v.ld, w.o, dv);  // O += P V
   }
+}
 
+// out = O / l and lse = m + log l; a row without visible keys gets out = 0, lse = -inf.
+void write_rows(const Ctx& c, int b, int h, int64_t i0, int nq, const float* m, const float* l, float* o) {
+  const Params& p = c.p;
+  const int dv = p.head_dim_v;
+  const int64_t qs = p.q_start(b);
   for (int r = 0; r < nq; ++r) {
-    const bool empty = w.l[r] == 0.f;  // no visible key: out = 0, lse = -inf
-    const float inv = empty ? 0.f : 1.f / w.l[r];
-    for (int x = 0; x < dv; ++x) w.o[r * dv + x] *= inv;
-    if (p.lse) p.lse[b * p.lse_batch + h * p.lse_head + qs + i0 + r] = empty ? kNegInf : w.m[r] + std::log(w.l[r]);
+    const bool empty = l[r] == 0.f;
+    const float inv = empty ? 0.f : 1.f / l[r];
+    for (int x = 0; x < dv; ++x) o[r * dv + x] *= inv;
+    if (p.lse) p.lse[b * p.lse_batch + h * p.lse_head + qs + i0 + r] = empty ? kNegInf : m[r] + std::log(l[r]);
   }
-  store_tile(codec, w.o, dv, p.out, b, qs, i0, nq, h, dv);
+  store_rows(c.codec, o, dv, p.out, b, qs, i0, nq, h, dv);
+}
+
+// Merges the slices of one query tile in slice order: m = max m_s, l = sum l_s e^(m_s - m), same for O.
+void combine_slices(const Ctx& c, int b, int h, int64_t i0, int nq, const float* partials, ForwardScratch& w) {
+  const int dv = c.p.head_dim_v;
+  const size_t stride = partial_floats(c.p);
+  std::fill(w.m, w.m + nq, kNegInf);
+  for (int64_t s = 0; s < c.plan.splits; ++s)
+    for (int r = 0; r < nq; ++r) w.m[r] = std::max(w.m[r], partials[s * stride + r]);
+  std::fill(w.l, w.l + nq, 0.f);
+  std::fill(w.o, w.o + nq * dv, 0.f);
+  for (int64_t s = 0; s < c.plan.splits; ++s) {
+    const float* part = partials + s * stride;
+    for (int r = 0; r < nq; ++r) {
+      if (part[kBlockQ + r] == 0.f) continue;  // slice saw no key of this row
+      const float f = std::exp(part[r] - w.m[r]);
+      w.l[r] += f * part[kBlockQ + r];
+      for (int x = 0; x < dv; ++x) w.o[r * dv + x] += f * part[2 * kBlockQ + r * dv + x];
+    }
+  }
+  write_rows(c, b, h, i0, nq, w.m, w.l, w.o);
 }
 
 }  // namespace
 
 size_t forward_workspace_bytes(const Params& p) {
-  return size_t(cpu_threads(p)) * ForwardScratch::floats(p) * sizeof(float);
+  const ForwardPlan plan = ForwardPlan::make(p);
+  const size_t partials = plan.splits > 1 ? size_t(plan.items()) * partial_floats(p) : 0;
+  return (size_t(cpu_threads(p)) * ForwardScratch::floats(p) + partials) * sizeof(float);
 }
 
 Status forward(const Params& p) {
-  const RowCodec& codec = row_codec(p.dtype);
+  const Ctx c{p, row_codec(p.dtype), ForwardPlan::make(p)};
+  const ForwardPlan& plan = c.plan;
   const int threads = cpu_threads(p);
-  const int64_t tiles_per_head = (p.seqlen_q + kBlockQ - 1) / kBlockQ;  // varlen: of the longest sequence
-  const int64_t items = int64_t(p.batch) * p.heads_q * tiles_per_head;
   const size_t per_thread = ForwardScratch::floats(p);
+  float* partials = static_cast<float*>(p.workspace) + threads * per_thread;
+  const int64_t per_head = plan.q_tiles * plan.splits;
 #pragma omp parallel num_threads(threads)
   {
     ForwardScratch w(p, static_cast<float*>(p.workspace) + omp_get_thread_num() * per_thread);
     // Last query tiles first: under a causal mask they have the most keys.
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < items; ++item) {
-      const int64_t tile = tiles_per_head - 1 - item % tiles_per_head;
-      const int h = int(item / tiles_per_head % p.heads_q);
-      const int b = int(item / tiles_per_head / p.heads_q);
-      if (tile * kBlockQ < p.seqlen_q_of(b)) forward_tile(p, codec, b, h, tile * kBlockQ, w);
+    for (int64_t item = 0; item < plan.items(); ++item) {
+      const int64_t tile = plan.q_tiles - 1 - item % per_head / plan.splits, split = item % plan.splits;
+      const int h = int(item / per_head % p.heads_q), b = int(item / per_head / p.heads_q);
+      const ScoreRule rule = ScoreRule::make(p, b, h);
+      const int64_t i0 = tile * kBlockQ;
+      if (i0 >= rule.window.seqlen_q) continue;
+      const int nq = int(std::min<int64_t>(kBlockQ, rule.window.seqlen_q - i0));
+      const Span keys = plan.slice(keys_seen(rule.window, i0, nq), split);
+      attend(c, rule, b, h, i0, nq, keys, w);
+      if (plan.splits == 1) {
+        write_rows(c, b, h, i0, nq, w.m, w.l, w.o);
+      } else {
+        float* part = partials + item * partial_floats(p);
+        std::copy(w.m, w.m + kBlockQ, part);
+        std::copy(w.l, w.l + kBlockQ, part + kBlockQ);
+        std::copy(w.o, w.o + nq * p.head_dim_v, part + 2 * kBlockQ);
+      }
+    }
+    if (plan.splits > 1) {
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t t = 0; t < plan.batch_heads * plan.q_tiles; ++t) {
+        const int64_t tile = t % plan.q_tiles;
+        const int h = int(t / plan.q_tiles % p.heads_q), b = int(t / plan.q_tiles / p.heads_q);
+        const int64_t i0 = tile * kBlockQ;
+        const int nq = int(std::min<int64_t>(kBlockQ, p.seqlen_q - i0));
+        // Items of this tile: same (b, h), tile index counted from the end.
+        const int64_t first = (int64_t(b) * p.heads_q + h) * per_head + (plan.q_tiles - 1 - tile) * plan.splits;
+        combine_slices(c, b, h, i0, nq, partials + first * partial_floats(p), w);
+      }
     }
   }
   return Status::ok();

@@ -1,5 +1,7 @@
 #include "cpu/tile.h"
 
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <limits>
 
@@ -7,44 +9,80 @@
 
 namespace flashattn::cpu {
 
-void ScoreRule::transform(float* s, int ld, int64_t i0, int nq, int64_t j0, int nk, float* cap_grad) const {
-  const bool all_visible = tile_visible(i0, nq, j0, nk);
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  for (int r = 0; r < nq; ++r) {
-    float* row = s + int64_t(r) * ld;
-    float* grad = cap_grad ? cap_grad + int64_t(r) * ld : nullptr;
-    for (int c = 0; c < nk; ++c) row[c] *= scale;
-    if (softcap > 0) {
-      const float inv = 1.f / softcap;
-      for (int c = 0; c < nk; ++c) {
-        const float t = std::tanh(row[c] * inv);
-        row[c] = softcap * t;
-        if (grad) grad[c] = 1.f - t * t;
-      }
-    }
-    const int64_t i = i0 + r;
-    if (alibi_slope != 0.f)
-      for (int c = 0; c < nk; ++c) row[c] += semantics::alibi_bias<float>(alibi_slope, window, i, j0 + c);
-    if (!all_visible)
-      for (int c = 0; c < nk; ++c)
-        if (!window.visible(i, j0 + c)) row[c] = neg_inf;
+RowTile rows_of(const RowCodec& codec, const Operand& t, int b, int64_t start, int64_t row0, int n, int h, int dim,
+                float* scratch) {
+  const int64_t first = element_offset(t, b, start, row0, h);
+  if (codec.element_size == 4 && t.row <= INT_MAX)
+    return RowTile{static_cast<const float*>(t.data) + first, n == 1 ? dim : int(t.row)};
+  const char* base = static_cast<const char*>(t.data);
+  for (int r = 0; r < n; ++r)
+    codec.load(base + (first + r * t.row) * codec.element_size, scratch + int64_t(r) * dim, dim);
+  return RowTile{scratch, dim};
+}
+
+void load_transposed(const RowCodec& codec, const Operand& t, int b, int64_t start, int64_t row0, int n, int h,
+                     int dim, float* dst, int ld) {
+  const char* base = static_cast<const char*>(t.data);
+  float row[256];  // head dims are at most 256 (validated)
+  for (int r = 0; r < n; ++r) {
+    codec.load(base + element_offset(t, b, start, row0 + r, h) * codec.element_size, row, dim);
+    for (int x = 0; x < dim; ++x) dst[int64_t(x) * ld + r] = row[x];
   }
 }
 
-void ScoreRule::apply_dropout(float* prob, int ld, int64_t i0, int nq, int64_t j0, int nk, float* z) const {
-  for (int r = 0; r < nq; ++r) {
+void store_rows(const RowCodec& codec, const float* src, int ld, const Operand& t, int b, int64_t start, int64_t row0,
+                int n, int h, int dim) {
+  char* base = static_cast<char*>(t.data);
+  for (int r = 0; r < n; ++r)
+    codec.store(src + int64_t(r) * ld, base + element_offset(t, b, start, row0 + r, h) * codec.element_size, dim);
+}
+
+ScoreRule ScoreRule::make(const Params& p, int b, int h) {
+  ScoreRule r;
+  r.window = semantics::Window{p.window_left, p.window_right, p.seqlen_q_of(b), p.seqlen_k_of(b)};
+  r.scale = p.scale;
+  r.softcap = p.softcap;
+  r.alibi_slope = p.alibi_slope(b, h);
+  r.dropout = semantics::Dropout::make(p.dropout_p, p.dropout_seed, p.dropout_offset);
+  r.batch_head = int64_t(b) * p.heads_q + h;
+  return r;
+}
+
+void ScoreRule::transform(float* s, const TileShape& shape, int64_t i0, int64_t j0, float* cap_grad) const {
+  const float sc = scale;
+  shape.for_each([&](int, int, int x) { s[x] *= sc; });
+  if (softcap > 0) {
+    const float cap = softcap, inv = 1.f / softcap;
+    shape.for_each([&](int, int, int x) {
+      const float t = std::tanh(s[x] * inv);
+      s[x] = cap * t;
+      if (cap_grad) cap_grad[x] = 1.f - t * t;
+    });
+  }
+  if (alibi_slope != 0.f)
+    shape.for_each([&](int r, int c, int x) { s[x] += semantics::alibi_bias<float>(alibi_slope, window, i0 + r, j0 + c); });
+  if (!tile_visible(i0, shape.nq, j0, shape.nk)) {
+    const float neg_inf = -std::numeric_limits<float>::infinity();
+    shape.for_each([&](int r, int c, int x) {
+      if (!window.visible(i0 + r, j0 + c)) s[x] = neg_inf;
+    });
+  }
+}
+
+void ScoreRule::apply_dropout(float* prob, const TileShape& shape, int64_t i0, int64_t j0, float* z) const {
+  for (int r = 0; r < shape.nq; ++r) {
     const int64_t i = i0 + r;
-    float* row = prob + int64_t(r) * ld;
-    float* zrow = z ? z + int64_t(r) * ld : nullptr;
     int c = 0;
-    while (c < nk) {  // one Philox draw covers the keys j with the same j / 8
+    while (c < shape.nk) {  // one Philox draw covers the keys j with the same j / 8
       const int64_t j = j0 + c;
       const semantics::Philox4 draws = dropout.draws(batch_head, i, j >> 3);
-      const int stop = int(std::min<int64_t>(nk, c + (8 - (j & 7))));
+      const int stop = int(std::min<int64_t>(shape.nk, c + (8 - (j & 7))));
       for (; c < stop; ++c) {
-        const float f = semantics::Dropout::draw_of(draws, int((j0 + c) & 7)) >= dropout.threshold ? dropout.inv_keep : 0.f;
-        row[c] *= f;
-        if (zrow) zrow[c] = f;
+        const int x = r * shape.row + c * shape.col;
+        const bool keep = semantics::Dropout::draw_of(draws, int((j0 + c) & 7)) >= dropout.threshold;
+        const float f = keep ? dropout.inv_keep : 0.f;
+        prob[x] *= f;
+        if (z) z[x] = f;
       }
     }
   }

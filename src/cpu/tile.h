@@ -1,4 +1,4 @@
-// What the CPU forward and backward share: tile sizes, per-thread scratch, loading a tile of
+// What the CPU forward and backward share: tile sizes, per-thread scratch, access to tiles of
 // rows as float32, and turning raw q.k products into masked, transformed scores.
 #pragma once
 
@@ -11,8 +11,8 @@
 
 namespace flashattn::cpu {
 
-constexpr int kBlockQ = 64;  // query rows per tile
-constexpr int kBlockK = 64;  // keys per tile
+constexpr int kBlockQ = 128;  // query rows per work item: the stationary side, transposed once
+constexpr int kBlockK = 64;   // keys per streamed tile
 
 // Bump allocator over one thread's slice of the workspace; sizes in floats, 64-byte aligned.
 class Scratch {
@@ -29,30 +29,42 @@ class Scratch {
   float* next_;
 };
 
-// Rows [row0, row0 + n) of head h of sequence b of `t`, as float32 into dst[n][ld].
-inline void load_tile(const RowCodec& codec, const Operand& t, int b, int64_t start, int64_t row0, int n, int h,
-                      int dim, float* dst, int ld) {
-  const char* base = static_cast<const char*>(t.data);
-  for (int r = 0; r < n; ++r)
-    codec.load(base + element_offset(t, b, start, row0 + r, h) * codec.element_size, dst + int64_t(r) * ld, dim);
-}
+// Rows [row0, row0 + n) of head h of sequence b, as float32 rows `ld` apart. Float32 operands are
+// read in place (ld = the operand's row stride); other dtypes are converted into `scratch`.
+struct RowTile {
+  const float* data;
+  int ld;
+};
+RowTile rows_of(const RowCodec& codec, const Operand& t, int b, int64_t start, int64_t row0, int n, int h, int dim,
+                float* scratch);
 
-// The same rows transposed: dst[dim][ld], column r = row r. `row` is scratch of `dim` floats.
-inline void load_tile_transposed(const RowCodec& codec, const Operand& t, int b, int64_t start, int64_t row0, int n,
-                                 int h, int dim, float* dst, int ld, float* row) {
-  const char* base = static_cast<const char*>(t.data);
-  for (int r = 0; r < n; ++r) {
-    codec.load(base + element_offset(t, b, start, row0 + r, h) * codec.element_size, row, dim);
-    for (int x = 0; x < dim; ++x) dst[int64_t(x) * ld + r] = row[x];
+// The same rows transposed: dst[dim][ld], column r = row r.
+void load_transposed(const RowCodec& codec, const Operand& t, int b, int64_t start, int64_t row0, int n, int h,
+                     int dim, float* dst, int ld);
+
+void store_rows(const RowCodec& codec, const float* src, int ld, const Operand& t, int b, int64_t start, int64_t row0,
+                int n, int h, int dim);
+
+// A score tile of nq queries x nk keys: element (r, c) at r * row + c * col. Query-major tiles
+// (row = ld, col = 1) come from Q K^T, key-major tiles (row = 1, col = ld) from K Q^T.
+struct TileShape {
+  int nq, nk;
+  int row, col;
+  static TileShape query_major(int nq, int nk, int ld) { return {nq, nk, ld, 1}; }
+  static TileShape key_major(int nq, int nk, int ld) { return {nq, nk, 1, ld}; }
+  bool is_key_major() const { return row == 1 && col != 1; }
+  // Calls f(r, c, index) with the contiguous dimension innermost.
+  template <typename F>
+  void for_each(F&& f) const {
+    if (is_key_major()) {
+      for (int c = 0; c < nk; ++c)
+        for (int r = 0; r < nq; ++r) f(r, c, r + c * col);
+    } else {
+      for (int r = 0; r < nq; ++r)
+        for (int c = 0; c < nk; ++c) f(r, c, r * row + c);
+    }
   }
-}
-
-inline void store_tile(const RowCodec& codec, const float* src, int ld, const Operand& t, int b, int64_t start,
-                       int64_t row0, int n, int h, int dim) {
-  char* base = static_cast<char*>(t.data);
-  for (int r = 0; r < n; ++r)
-    codec.store(src + int64_t(r) * ld, base + element_offset(t, b, start, row0 + r, h) * codec.element_size, dim);
-}
+};
 
 // The score rule of one (batch, head): scale, softcap, ALiBi, window, dropout.
 struct ScoreRule {
@@ -61,33 +73,24 @@ struct ScoreRule {
   semantics::Dropout dropout;
   int64_t batch_head = 0;  // dropout's key: batch * heads_q + query head
 
-  static ScoreRule make(const Params& p, int b, int h) {
-    ScoreRule r;
-    r.window = semantics::Window{p.window_left, p.window_right, p.seqlen_q_of(b), p.seqlen_k_of(b)};
-    r.scale = p.scale;
-    r.softcap = p.softcap;
-    r.alibi_slope = p.alibi_slope(b, h);
-    r.dropout = semantics::Dropout::make(p.dropout_p, p.dropout_seed, p.dropout_offset);
-    r.batch_head = int64_t(b) * p.heads_q + h;
-    return r;
-  }
+  static ScoreRule make(const Params& p, int b, int h);
 
   // Every (i, j) of the tile visible?
   bool tile_visible(int64_t i0, int nq, int64_t j0, int nk) const {
     return window.first_key(i0 + nq - 1) <= j0 && window.last_key(i0) >= j0 + nk - 1;
   }
 
-  // S[r][c] = q.k of row i0 + r, key j0 + c  ->  transformed score, -inf where masked.
-  // cap_grad (optional) receives d softcap / d s for the backward pass.
-  void transform(float* s, int ld, int64_t i0, int nq, int64_t j0, int nk, float* cap_grad) const;
+  // Raw q.k of row i0 + r, key j0 + c  ->  transformed score, -inf where masked.
+  // cap_grad (optional, same shape) receives d softcap / d s for the backward pass.
+  void transform(float* s, const TileShape& shape, int64_t i0, int64_t j0, float* cap_grad) const;
 
-  // P[r][c] *= keep(i0 + r, j0 + c) / (1 - p), or 0 when dropped; z receives the factor.
-  void apply_dropout(float* prob, int ld, int64_t i0, int nq, int64_t j0, int nk, float* z) const;
+  // P *= keep / (1 - p), or 0 when dropped; z (optional, same shape) receives the factor.
+  void apply_dropout(float* prob, const TileShape& shape, int64_t i0, int64_t j0, float* z) const;
 };
 
-// Query-tile range that can see keys [j0, j0 + nk), and key range seen by rows [i0, i0 + nq).
+// Keys seen by rows [i0, i0 + nq), and rows that see keys [j0, j0 + nk): half-open spans.
 struct Span {
-  int64_t begin = 0, end = 0;  // half-open
+  int64_t begin = 0, end = 0;
   bool empty() const { return begin >= end; }
 };
 inline Span keys_seen(const semantics::Window& w, int64_t i0, int nq) {
