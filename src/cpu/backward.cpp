@@ -67,9 +67,7 @@ void load_row_stats(const Ctx& c, int b, int h, int64_t i0, int nq, const RowTil
   const int64_t qs = p.q_start(b);
   const RowTile o = rows_of(c.codec, p.out, b, qs, i0, nq, h, dv, w.o);
   for (int r = 0; r < nq; ++r) {
-    float dot = 0;
-    for (int x = 0; x < dv; ++x) dot += dout.data[int64_t(r) * dout.ld + x] * o.data[int64_t(r) * o.ld + x];
-    w.delta[r] = dot;
+    w.delta[r] = dot(dout.data + int64_t(r) * dout.ld, o.data + int64_t(r) * o.ld, dv);
     w.lse[r] = p.lse[b * p.lse_batch + h * p.lse_head + qs + i0 + r];
   }
 }

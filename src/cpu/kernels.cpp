@@ -1,41 +1,54 @@
 #include "cpu/kernels.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #include "core/dtype.h"
 
-// Compile the hot loops for a baseline and for x86-64-v3 (AVX2+FMA) / v4 (AVX-512), chosen at
-// load time by the CPU, so one binary is both portable and fast.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
-#define FA_MULTIVERSION __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
+// The hot loops are written once over GCC/Clang vector types of W floats and compiled three times:
+// baseline (W = 8, as pairs of SSE registers), x86-64-v3 (AVX2 + FMA, W = 8) and x86-64-v4
+// (AVX-512, W = 16). The CPU picks one set at first use; FLASHATTN_CPU_ISA=avx2|baseline forces a
+// lower one (tests and benchmarks compare them).
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+#define FA_X86_DISPATCH 1
+#define FA_TARGET(arch) __attribute__((target("arch=" arch)))
 #else
-#define FA_MULTIVERSION
+#define FA_TARGET(arch)
 #endif
-// Helpers are forced inline so each clone compiles them for its own target.
+// Helpers are forced inline so each target's entry point compiles them for its own ISA.
 #define FA_INLINE [[gnu::always_inline]] inline
 
 namespace flashattn::cpu {
 namespace {
 
-// Eight floats as one value (GCC/Clang vector extension): each multiversioned clone below maps
-// it to that target's registers (one ymm on AVX2, two xmm on the baseline).
-typedef float v8 __attribute__((vector_size(32), aligned(4)));
-typedef int32_t v8i __attribute__((vector_size(32), aligned(4)));
+template <int W> struct Vec;
+template <> struct Vec<8> {
+  typedef float f __attribute__((vector_size(32), aligned(4)));
+  typedef int32_t i __attribute__((vector_size(32), aligned(4)));
+};
+template <> struct Vec<16> {
+  typedef float f __attribute__((vector_size(64), aligned(4)));
+  typedef int32_t i __attribute__((vector_size(64), aligned(4)));
+};
 
-FA_INLINE v8 load8(const float* p) { return *reinterpret_cast<const v8*>(p); }
-FA_INLINE void store8(float* p, v8 x) { *reinterpret_cast<v8*>(p) = x; }
+template <int W>
+FA_INLINE typename Vec<W>::f load(const float* p) { return *reinterpret_cast<const typename Vec<W>::f*>(p); }
+template <int W>
+FA_INLINE void store(float* p, typename Vec<W>::f x) { *reinterpret_cast<typename Vec<W>::f*>(p) = x; }
 
-// A tile of R rows x 16 columns of C accumulated in registers while p runs over k.
-// a(r, p) reads A (plain: A[i + r][p]; transposed: A[p][i + r]).
-template <int R, bool TransA>
-FA_INLINE void micro_16(int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
-  v8 acc[R][2];
+// A tile of R rows x 2W columns of C accumulated in registers while p runs over k (2R vector
+// accumulators: 12 of 16 ymm / 32 zmm registers at R = 6).
+// A is read as A[i + r][p] (plain) or A[p][i + r] (transposed).
+template <int W, int R, bool TransA>
+FA_INLINE void micro(int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
+  using V = typename Vec<W>::f;
+  V acc[R][2];
   for (int r = 0; r < R; ++r) {
-    acc[r][0] = load8(c + r * ldc);
-    acc[r][1] = load8(c + r * ldc + 8);
+    acc[r][0] = load<W>(c + r * ldc);
+    acc[r][1] = load<W>(c + r * ldc + W);
   }
   for (int p = 0; p < k; ++p) {
-    const v8 b0 = load8(b + int64_t(p) * ldb), b1 = load8(b + int64_t(p) * ldb + 8);
+    const V b0 = load<W>(b + int64_t(p) * ldb), b1 = load<W>(b + int64_t(p) * ldb + W);
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {
       const float ar = TransA ? a[int64_t(p) * lda + r] : a[int64_t(r) * lda + p];
@@ -44,94 +57,161 @@ FA_INLINE void micro_16(int k, const float* a, int lda, const float* b, int ldb,
     }
   }
   for (int r = 0; r < R; ++r) {
-    store8(c + r * ldc, acc[r][0]);
-    store8(c + r * ldc + 8, acc[r][1]);
+    store<W>(c + r * ldc, acc[r][0]);
+    store<W>(c + r * ldc + W, acc[r][1]);
   }
 }
 
-// Columns past the last multiple of 16, one at a time.
-template <bool TransA>
-inline void tail_columns(int m, int n0, int n, int k, const float* a, int lda, const float* b, int ldb, float* c,
+template <int W, int R, bool TransA>
+FA_INLINE void row_block(int i, int j0, int j1, int k, const float* a, int lda, const float* b, int ldb, float* c,
                          int ldc) {
+  const float* arow = TransA ? a + i : a + int64_t(i) * lda;
+  for (int j = j0; j < j1; j += 2 * W) micro<W, R, TransA>(k, arow, lda, b + j, ldb, c + int64_t(i) * ldc + j, ldc);
+}
+
+// Columns [j0, j1) (a multiple of 2W wide) of C += op(A) B: 6-row blocks, then the rest.
+template <int W, bool TransA>
+FA_INLINE void column_band(int m, int j0, int j1, int k, const float* a, int lda, const float* b, int ldb, float* c,
+                           int ldc) {
+  int i = 0;
+  for (; i + 6 <= m; i += 6) row_block<W, 6, TransA>(i, j0, j1, k, a, lda, b, ldb, c, ldc);
+  switch (m - i) {
+    case 5: row_block<W, 5, TransA>(i, j0, j1, k, a, lda, b, ldb, c, ldc); break;
+    case 4: row_block<W, 4, TransA>(i, j0, j1, k, a, lda, b, ldb, c, ldc); break;
+    case 3: row_block<W, 3, TransA>(i, j0, j1, k, a, lda, b, ldb, c, ldc); break;
+    case 2: row_block<W, 2, TransA>(i, j0, j1, k, a, lda, b, ldb, c, ldc); break;
+    case 1: row_block<W, 1, TransA>(i, j0, j1, k, a, lda, b, ldb, c, ldc); break;
+    default: break;
+  }
+}
+
+// C[m x n] += op(A) B: bands of 2W columns, a 16-column band when W = 16 leaves one, then single
+// columns.
+template <int W, bool TransA>
+FA_INLINE void gemm(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
+  int j = n - n % (2 * W);
+  column_band<W, TransA>(m, 0, j, k, a, lda, b, ldb, c, ldc);
+  if constexpr (W == 16) {
+    if (n - j >= 16) {
+      column_band<8, TransA>(m, j, j + 16, k, a, lda, b, ldb, c, ldc);
+      j += 16;
+    }
+  }
   for (int i = 0; i < m; ++i)
-    for (int j = n0; j < n; ++j) {
-      float sum = c[int64_t(i) * ldc + j];
+    for (int x = j; x < n; ++x) {
+      float sum = c[int64_t(i) * ldc + x];
       for (int p = 0; p < k; ++p)
-        sum += (TransA ? a[int64_t(p) * lda + i] : a[int64_t(i) * lda + p]) * b[int64_t(p) * ldb + j];
-      c[int64_t(i) * ldc + j] = sum;
+        sum += (TransA ? a[int64_t(p) * lda + i] : a[int64_t(i) * lda + p]) * b[int64_t(p) * ldb + x];
+      c[int64_t(i) * ldc + x] = sum;
     }
 }
 
-template <int R, bool TransA>
-FA_INLINE void row_block(int i, int n16, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
-  const float* arow = TransA ? a + i : a + int64_t(i) * lda;
-  for (int j = 0; j < n16; j += 16) micro_16<R, TransA>(k, arow, lda, b + j, ldb, c + int64_t(i) * ldc + j, ldc);
-}
-
-// C[m x n] += op(A) B with 6-row register blocks, then the remaining rows.
-template <bool TransA>
-FA_INLINE void gemm(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
-  const int n16 = n - n % 16;
+template <int W>
+FA_INLINE float dot_impl(const float* a, const float* b, int n) {
+  using V = typename Vec<W>::f;
+  V acc0 = {}, acc1 = {};  // two chains hide the add latency
   int i = 0;
-  for (; i + 6 <= m; i += 6) row_block<6, TransA>(i, n16, k, a, lda, b, ldb, c, ldc);
-  switch (m - i) {
-    case 5: row_block<5, TransA>(i, n16, k, a, lda, b, ldb, c, ldc); break;
-    case 4: row_block<4, TransA>(i, n16, k, a, lda, b, ldb, c, ldc); break;
-    case 3: row_block<3, TransA>(i, n16, k, a, lda, b, ldb, c, ldc); break;
-    case 2: row_block<2, TransA>(i, n16, k, a, lda, b, ldb, c, ldc); break;
-    case 1: row_block<1, TransA>(i, n16, k, a, lda, b, ldb, c, ldc); break;
-    default: break;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    acc0 += load<W>(a + i) * load<W>(b + i);
+    acc1 += load<W>(a + i + W) * load<W>(b + i + W);
   }
-  if (n16 < n) tail_columns<TransA>(m, n16, n, k, a, lda, b, ldb, c, ldc);
+  acc0 += acc1;
+  float sum = 0;
+  for (int x = 0; x < W; ++x) sum += acc0[x];
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
 }
-
-}  // namespace
-
-FA_MULTIVERSION
-void gemm_nn(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
-  gemm<false>(m, n, k, a, lda, b, ldb, c, ldc);
-}
-
-FA_MULTIVERSION
-void gemm_tn(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
-  gemm<true>(m, n, k, a, lda, b, ldb, c, ldc);
-}
-
-namespace {
 
 // exp(x) = 2^n * e^r with n = round(x log2 e), r = x - n ln 2 (two-part ln 2), e^r by a degree-6
 // polynomial: about 2 ulp. Inputs below -87 give exactly 0, so -inf does.
-FA_INLINE v8 exp8(v8 v) {
-  const v8 lo = v8{} - 87.0f, hi = v8{} + 88.0f;
-  v8 x = v < lo ? lo : v;
+template <int W>
+FA_INLINE typename Vec<W>::f exp_vec(typename Vec<W>::f v) {
+  using V = typename Vec<W>::f;
+  using I = typename Vec<W>::i;
+  const V lo = V{} - 87.0f, hi = V{} + 88.0f;
+  V x = v < lo ? lo : v;
   x = x > hi ? hi : x;
-  const v8 t = x * 1.44269504088896341f;
-  const v8i n = __builtin_convertvector(t + (t >= 0 ? v8{} + 0.5f : v8{} - 0.5f), v8i);
-  const v8 fn = __builtin_convertvector(n, v8);
-  const v8 r = (x - fn * 0.693359375f) + fn * 2.12194440e-4f;
-  v8 p = v8{} + 1.3981999507E-3f;
+  const V t = x * 1.44269504088896341f;
+  const I n = __builtin_convertvector(t + (t >= 0 ? V{} + 0.5f : V{} - 0.5f), I);
+  const V fn = __builtin_convertvector(n, V);
+  const V r = (x - fn * 0.693359375f) + fn * 2.12194440e-4f;
+  V p = V{} + 1.3981999507E-3f;
   p = p * r + 8.3334519073E-3f;
   p = p * r + 4.1665795894E-2f;
   p = p * r + 1.6666665459E-1f;
   p = p * r + 5.0000001201E-1f;
-  const v8 e = (p * r * r + r) + 1.0f;
-  const v8 scaled = reinterpret_cast<v8>(reinterpret_cast<v8i>(e) + (n << 23));
-  return v < lo ? v8{} : scaled;
+  const V e = (p * r * r + r) + 1.0f;
+  const V scaled = reinterpret_cast<V>(reinterpret_cast<I>(e) + (n << 23));
+  return v < lo ? V{} : scaled;
+}
+
+template <int W>
+FA_INLINE void exp_impl(float* x, int n) {
+  int i = 0;
+  for (; i + W <= n; i += W) store<W>(x + i, exp_vec<W>(load<W>(x + i)));
+  if (i < n) {
+    float rest[W] = {};
+    for (int j = i; j < n; ++j) rest[j - i] = x[j];
+    const typename Vec<W>::f e = exp_vec<W>(load<W>(rest));
+    for (int j = i; j < n; ++j) x[j] = e[j - i];
+  }
+}
+
+using GemmFn = void (*)(int, int, int, const float*, int, const float*, int, float*, int);
+struct KernelSet {
+  const char* isa;
+  GemmFn nn, tn;
+  float (*dot)(const float*, const float*, int);
+  void (*exp)(float*, int);
+};
+
+// One entry point per (operation, target); each instantiates the templates for its own ISA.
+#define FA_KERNEL_SET(NAME, TARGET, W)                                                                        \
+  TARGET void NAME##_nn(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c,      \
+                        int ldc) {                                                                            \
+    gemm<W, false>(m, n, k, a, lda, b, ldb, c, ldc);                                                          \
+  }                                                                                                           \
+  TARGET void NAME##_tn(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c,      \
+                        int ldc) {                                                                            \
+    gemm<W, true>(m, n, k, a, lda, b, ldb, c, ldc);                                                           \
+  }                                                                                                           \
+  TARGET float NAME##_dot(const float* a, const float* b, int n) { return dot_impl<W>(a, b, n); }             \
+  TARGET void NAME##_exp(float* x, int n) { exp_impl<W>(x, n); }                                             \
+  constexpr KernelSet NAME##_set{#NAME, &NAME##_nn, &NAME##_tn, &NAME##_dot, &NAME##_exp};
+
+FA_KERNEL_SET(baseline, , 8)
+#if defined(FA_X86_DISPATCH)
+FA_KERNEL_SET(avx2, FA_TARGET("x86-64-v3"), 8)
+FA_KERNEL_SET(avx512, FA_TARGET("x86-64-v4"), 16)
+#endif
+
+const KernelSet& pick_kernels() {
+#if defined(FA_X86_DISPATCH)
+  const char* forced = std::getenv("FLASHATTN_CPU_ISA");
+  const auto allowed = [&](const char* isa) { return !forced || std::strcmp(forced, isa) == 0; };
+  __builtin_cpu_init();
+  if (allowed("avx512") && __builtin_cpu_supports("x86-64-v4")) return avx512_set;
+  if ((allowed("avx2") || allowed("avx512")) && __builtin_cpu_supports("x86-64-v3")) return avx2_set;
+#endif
+  return baseline_set;
+}
+
+const KernelSet& kernels() {
+  static const KernelSet& chosen = pick_kernels();
+  return chosen;
 }
 
 }  // namespace
 
-FA_MULTIVERSION
-void exp_inplace(float* x, int n) {
-  int i = 0;
-  for (; i + 8 <= n; i += 8) store8(x + i, exp8(load8(x + i)));
-  if (i < n) {
-    float tail[8] = {};
-    for (int j = i; j < n; ++j) tail[j - i] = x[j];
-    const v8 e = exp8(load8(tail));
-    for (int j = i; j < n; ++j) x[j] = e[j - i];
-  }
+void gemm_nn(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
+  kernels().nn(m, n, k, a, lda, b, ldb, c, ldc);
 }
+void gemm_tn(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
+  kernels().tn(m, n, k, a, lda, b, ldb, c, ldc);
+}
+float dot(const float* a, const float* b, int n) { return kernels().dot(a, b, n); }
+void exp_inplace(float* x, int n) { kernels().exp(x, n); }
+const char* cpu_isa() { return kernels().isa; }
 
 namespace {
 
