@@ -133,15 +133,12 @@ void head_backward(const Params& p, const HeadForward& f, const Matrix& q, const
   const bool dropout = p.has_dropout();
   Matrix ds(sq, sk);
   for (int i = 0; i < sq; ++i) {
-    std::vector<float> dp(sk);
-    float rowsum = 0.f;
+    const float rowsum = dot(dout[i], f.out[i], dv);  // = sum_j P_ij dP_ij
     for (int j = 0; j < sk; ++j) {
       const float dp_tilde = round_to(p.dtype, dot(dout[i], v[j], dv));
-      dp[j] = dropout ? round_to(p.dtype, f.factor[i][j] * dp_tilde) : dp_tilde;
-      rowsum += f.prob[i][j] * dp[j];
+      const float dp = dropout ? round_to(p.dtype, f.factor[i][j] * dp_tilde) : dp_tilde;
+      ds[i][j] = round_to(p.dtype, f.prob[i][j] * (dp - rowsum) * f.cap_grad[i][j]);
     }
-    for (int j = 0; j < sk; ++j)
-      ds[i][j] = round_to(p.dtype, f.prob[i][j] * (dp[j] - rowsum) * f.cap_grad[i][j]);
   }
   for (int i = 0; i < sq; ++i)
     for (int x = 0; x < d; ++x) {

@@ -4,9 +4,12 @@
 // rounded to the dtype of q (float16 or bfloat16; float32 inputs are not rounded):
 //   forward:  S = round(transformed, masked scores), P = round(softmax(S)), P~ = round(P * dropout),
 //             O = round(P~ V); lse stays float32.
-//   backward: dP~ = round(dO V^T), dP = round(z * dP~), dS = round(P (dP - rowsum(P dP)) softcap'),
-//             dV = round(P~^T dO), dK = round(scale dS^T Q), dQ = round(scale dS K)
-//             (dK, dV summed over the query heads of a group before rounding).
+//   backward: dP~ = round(dO V^T), dP = round(z * dP~), D = rowsum(dO * O),
+//             dS = round(P (dP - D) softcap'), dV = round(P~^T dO), dK = round(scale dS^T Q),
+//             dQ = round(scale dS K) (dK, dV summed over the query heads of a group before rounding).
+// D = rowsum(P dP) in exact arithmetic; like every backward that receives the output instead of
+// the probabilities, this one takes it from the stored (rounded) O. That rounding dominates the
+// error of dS wherever dP - D cancels (few visible keys, tiny head dims), for fused kernels too.
 // Its error against the float64 oracle is the yardstick of the correctness criterion: a fused
 // kernel passes when its own error is at most twice this one (plus a small absolute floor).
 #pragma once

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,8 @@ struct Case {
   int64_t rows_k() const;
   std::string describe() const;
 };
+// How test frameworks print a case (GoogleTest finds it by argument-dependent lookup).
+inline void PrintTo(const Case& c, std::ostream* os) { *os << c.describe(); }
 
 // Host tensors of a case: q, k, v, dout drawn from N(0, stddev^2); out, lse and the gradients
 // poisoned. Not movable: `options` points at the ALiBi and cu_seqlens descriptors it owns.

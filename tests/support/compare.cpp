@@ -98,7 +98,7 @@ Check& Check::operator+=(const Check& other) {
   return *this;
 }
 
-double error_floor(flashattn_dtype dtype) { return dtype == FLASHATTN_DTYPE_FLOAT32 ? 1e-6 : 1e-4; }
+double error_floor(flashattn_dtype dtype) { return dtype == FLASHATTN_DTYPE_FLOAT32 ? 1e-5 : 1e-4; }
 
 Check within_twice_naive(const std::string& name, const std::vector<double>& got, const std::vector<double>& oracle,
                          const std::vector<double>& naive, double floor, const PackedLayout& where) {
