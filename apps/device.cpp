@@ -1,0 +1,105 @@
+#include "device.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+#include <vector>
+
+#include "errors.h"
+
+#if defined(FLASHATTN_WITH_CUDA)
+#include <cuda_runtime.h>
+#endif
+
+namespace flashattn::cli {
+
+#if defined(FLASHATTN_WITH_CUDA)
+namespace {
+
+void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) fail(what, " failed: ", cudaGetErrorString(err));
+}
+
+}  // namespace
+
+DeviceBuffer::DeviceBuffer(size_t bytes) {
+  if (bytes > 0) check_cuda(cudaMalloc(&data_, bytes), concat("cudaMalloc of ", bytes, " bytes").c_str());
+}
+DeviceBuffer::~DeviceBuffer() {
+  if (data_) cudaFree(data_);
+}
+void DeviceBuffer::upload(const void* host, size_t bytes) {
+  if (bytes > 0) check_cuda(cudaMemcpy(data_, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to the device");
+}
+void DeviceBuffer::download(void* host, size_t bytes) const {
+  if (bytes > 0) check_cuda(cudaMemcpy(host, data_, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy from the device");
+}
+
+bool cuda_backend_present() { return flashattn_backend_available(FLASHATTN_BACKEND_CUDA) != 0; }
+
+double time_call_ms(const std::function<void()>& fn, bool on_cuda) {
+  if (!on_cuda) {
+    const auto start = std::chrono::steady_clock::now();
+    fn();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  }
+  cudaEvent_t start, stop;
+  check_cuda(cudaEventCreate(&start), "cudaEventCreate");
+  check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
+  check_cuda(cudaEventRecord(start), "cudaEventRecord");
+  fn();
+  check_cuda(cudaEventRecord(stop), "cudaEventRecord");
+  check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
+  float ms = 0;
+  check_cuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms;
+}
+
+#else
+
+DeviceBuffer::DeviceBuffer(size_t bytes) {
+  if (bytes > 0) fail("CUDA memory requested, but flashattn was built without CUDA");
+}
+DeviceBuffer::~DeviceBuffer() = default;
+void DeviceBuffer::upload(const void*, size_t bytes) {
+  if (bytes > 0) fail("CUDA memory requested, but flashattn was built without CUDA");
+}
+void DeviceBuffer::download(void*, size_t bytes) const {
+  if (bytes > 0) fail("CUDA memory requested, but flashattn was built without CUDA");
+}
+
+bool cuda_backend_present() { return false; }
+
+double time_call_ms(const std::function<void()>& fn, bool) {
+  const auto start = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+#endif
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept : data_(std::exchange(other.data_, nullptr)) {}
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  std::swap(data_, other.data_);
+  return *this;
+}
+
+Timing measure(const std::function<void()>& fn, bool on_cuda, int repeat) {
+  constexpr double kBudgetMs = 1000;
+  constexpr int kMaxAutoRuns = 10;
+  const double warmup = time_call_ms(fn, on_cuda);
+  if (repeat == 0 && warmup >= kBudgetMs) return Timing{warmup, 1};
+  std::vector<double> times;
+  double spent = 0;
+  while (repeat > 0 ? int(times.size()) < repeat
+                    : int(times.size()) < kMaxAutoRuns && spent + warmup < kBudgetMs) {
+    times.push_back(time_call_ms(fn, on_cuda));
+    spent += times.back();
+  }
+  std::sort(times.begin(), times.end());
+  return Timing{times[times.size() / 2], int(times.size())};
+}
+
+}  // namespace flashattn::cli

@@ -1,0 +1,47 @@
+// Where the tensors live and how calls are timed: host memory for the CPU backend, CUDA device
+// memory (and CUDA events) for the CUDA backend. All CUDA code is compiled only with
+// FLASHATTN_WITH_CUDA.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+
+#include "flashattn/flashattn.h"
+
+namespace flashattn::cli {
+
+// Bytes in CUDA device memory; empty on a build without CUDA.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes);
+  DeviceBuffer(DeviceBuffer&&) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&&) noexcept;
+  ~DeviceBuffer();
+
+  void* data() const { return data_; }
+  void upload(const void* host, size_t bytes);
+  void download(void* host, size_t bytes) const;
+
+ private:
+  void* data_ = nullptr;
+};
+
+// True when the CUDA backend was compiled in and a device is present.
+bool cuda_backend_present();
+
+// Milliseconds of one call of `fn`, measured with CUDA events on the default stream when
+// `on_cuda`, else with the host's steady clock.
+double time_call_ms(const std::function<void()>& fn, bool on_cuda);
+
+struct Timing {
+  double ms = 0;  // median of the timed runs
+  int runs = 0;
+};
+
+// One warm-up run, then `repeat` timed runs (0: as many as fit in about a second, at most 10;
+// none when the warm-up alone took longer, whose time is then reported).
+Timing measure(const std::function<void()>& fn, bool on_cuda, int repeat);
+
+}  // namespace flashattn::cli
