@@ -16,6 +16,9 @@ namespace flashattn::cpu {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// Below this many query rows (decoding), scores are dot products of rows: a tile product with
+// so few columns would leave the vector lanes empty.
+constexpr int kFewRows = 16;
 
 // Work decomposition, a function of the problem's shape only (never of the thread count), so
 // results are bit-identical however many threads run.
@@ -49,16 +52,17 @@ struct ForwardPlan {
 
 // Per-thread scratch.
 struct ForwardScratch {
-  float *qt, *k, *v, *s, *o, *m, *l, *corr;
+  float *qt, *q, *k, *v, *s, *o, *m, *l, *corr;
 
   static size_t floats(const Params& p) {
     const size_t d = p.head_dim, dv = p.head_dim_v;
     auto r = Scratch::round_up;
-    return r(d * kBlockQ) + r(kBlockK * d) + r(kBlockK * dv) + r(kBlockK * kBlockQ) + r(kBlockQ * dv) + 3 * r(kBlockQ);
+    return r(d * kBlockQ) + r(kFewRows * d) + r(kBlockK * d) + r(kBlockK * dv) + r(kBlockK * kBlockQ) + r(kBlockQ * dv) + 3 * r(kBlockQ);
   }
   ForwardScratch(const Params& p, float* base) {
     Scratch a(base);
     qt = a.take(p.head_dim * kBlockQ);
+    q = a.take(kFewRows * p.head_dim);
     k = a.take(kBlockK * p.head_dim);
     v = a.take(kBlockK * p.head_dim_v);
     s = a.take(kBlockK * kBlockQ);
@@ -107,7 +111,9 @@ void attend(const Ctx& c, const ScoreRule& rule, int b, int h, int64_t i0, int n
   const Params& p = c.p;
   const int d = p.head_dim, dv = p.head_dim_v, hk = h / p.group_size();
   const int64_t ks = p.k_start(b);
-  load_transposed(c.codec, p.q, b, p.q_start(b), i0, nq, h, d, w.qt, kBlockQ);
+  const bool few = nq < kFewRows;
+  const RowTile q = few ? rows_of(c.codec, p.q, b, p.q_start(b), i0, nq, h, d, w.q) : RowTile{nullptr, 0};
+  if (!few) load_transposed(c.codec, p.q, b, p.q_start(b), i0, nq, h, d, w.qt, kBlockQ);
   std::fill(w.m, w.m + nq, kNegInf);
   std::fill(w.l, w.l + nq, 0.f);
   std::fill(w.o, w.o + nq * dv, 0.f);
@@ -116,8 +122,13 @@ void attend(const Ctx& c, const ScoreRule& rule, int b, int h, int64_t i0, int n
     const TileShape shape = TileShape::key_major(nq, nk, kBlockQ);
     const RowTile k = rows_of(c.codec, p.k, b, ks, j0, nk, hk, d, w.k);
     const RowTile v = rows_of(c.codec, p.v, b, ks, j0, nk, hk, dv, w.v);
-    std::fill(w.s, w.s + nk * kBlockQ, 0.f);
-    gemm_nn(nk, nq, d, k.data, k.ld, w.qt, kBlockQ, w.s, kBlockQ);  // S^T = K Q^T
+    if (few) {
+      for (int j = 0; j < nk; ++j)
+        for (int r = 0; r < nq; ++r) w.s[j * kBlockQ + r] = dot(k.data + int64_t(j) * k.ld, q.data + int64_t(r) * q.ld, d);
+    } else {
+      std::fill(w.s, w.s + nk * kBlockQ, 0.f);
+      gemm_nn(nk, nq, d, k.data, k.ld, w.qt, kBlockQ, w.s, kBlockQ);  // S^T = K Q^T
+    }
     rule.transform(w.s, shape, i0, j0, nullptr);
     online_softmax(w.s, nq, nk, w, dv);
     if (rule.dropout.enabled()) rule.apply_dropout(w.s, shape, i0, j0, nullptr);
