@@ -146,8 +146,7 @@ def backward(dout, q, k, v, out, lse, settings: Settings, *, alibi_slopes=None, 
     s = settings
     if s.dropout_p > 0 and seed is None:
         raise ValueError(f"dropout_p={s.dropout_p} needs the forward's seed to redraw its dropout mask")
-    detached = [None if x is None else x.detach() for x in (dout, q, k, v, out, lse)]
-    dout, q, k, v, out, lse = detached
+    dout, q, k, v, out, lse = (x.detach() for x in (dout, q, k, v, out, lse))
     return torch.ops.flashattn.backward(_last_dim_contiguous(dout), q, k, v, out, lse, alibi_slopes,
                                         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s.scale, s.causal,
                                         s.window_left, s.window_right, s.softcap, s.dropout_p,
