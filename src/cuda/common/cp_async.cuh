@@ -1,0 +1,31 @@
+// Asynchronous global -> shared copies (sm_80): 16 bytes per thread, cached in L2 only.
+#pragma once
+
+#include <cstdint>
+
+namespace flashattn::cuda {
+
+// Copies 16 bytes from `src` to shared address `dst`; when !valid it writes 16 zero bytes
+// instead and reads nothing (`src` must still be a valid address: pass the tensor's base).
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+
+// 4-byte form (cached in L1 and L2); zero-fills when !valid, like cp_async_16.
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+
+// Closes the group of copies issued by this thread since the last commit.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// Waits until at most `Pending` of this thread's groups are still in flight. Other threads'
+// copies are visible only after a following barrier.
+template <int Pending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
+}
+
+}  // namespace flashattn::cuda
