@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""Benchmarks flashattn's CUDA backend against PyTorch's SDPA backends in the same run.
+
+bf16, B * N = 16k tokens, H = 2048 / d, d in {64, 128, 256}, N in {512 .. 16k}, causal and not,
+forward and backward. Every implementation reads the same tensors (BHSD memory, which flashattn
+takes as strided BSHD views). TFLOP/s use the FlashAttention papers' convention: forward
+4 * B * H * N^2 * d, halved when causal; backward 2.5 times the forward. Times are the median of
+triton's do_bench (or CUDA events when triton is missing).
+
+  python3 bench/bench_cuda.py --library build/libflashattn.so [--quick] [--markdown F] [--jsonl F]
+"""
+import argparse
+import ctypes
+import datetime
+import json
+import subprocess
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# ---- the C API through ctypes (include/flashattn/flashattn.h) -------------------------------
+
+DTYPE_BF16, DEVICE_CUDA, BACKEND_CUDA = 2, 1, 2
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("device", ctypes.c_int),
+                ("device_index", ctypes.c_int32), ("rank", ctypes.c_int32),
+                ("shape", ctypes.c_int64 * 4), ("strides", ctypes.c_int64 * 4)]
+
+
+class Options(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("softmax_scale", ctypes.c_float), ("causal", ctypes.c_int32),
+                ("window_left", ctypes.c_int32), ("window_right", ctypes.c_int32), ("softcap", ctypes.c_float),
+                ("alibi_slopes", ctypes.c_void_p), ("dropout_p", ctypes.c_float), ("dropout_seed", ctypes.c_uint64),
+                ("dropout_offset", ctypes.c_uint64), ("cu_seqlens_q", ctypes.c_void_p),
+                ("cu_seqlens_k", ctypes.c_void_p), ("max_seqlen_q", ctypes.c_int32),
+                ("max_seqlen_k", ctypes.c_int32), ("backend", ctypes.c_int), ("deterministic", ctypes.c_int32),
+                ("cuda_stream", ctypes.c_void_p), ("workspace", ctypes.c_void_p),
+                ("workspace_size", ctypes.c_size_t), ("num_threads", ctypes.c_int32)]
+
+
+def bshd_view(t):
+    """A [B, H, N, d] torch tensor as flashattn's [B, N, H, d] descriptor (no copy)."""
+    d = Tensor()
+    d.data = t.data_ptr()
+    d.dtype = DTYPE_BF16 if t.dtype == torch.bfloat16 else 0
+    d.device, d.device_index, d.rank = DEVICE_CUDA, t.device.index or 0, 4
+    b, h, n, hd = t.shape
+    sb, sh, sn, sd = t.stride()
+    d.shape[:] = [b, n, h, hd]
+    d.strides[:] = [sb, sn, sh, sd]
+    return d
+
+
+def lse_view(t):
+    d = Tensor()
+    d.data, d.dtype, d.device, d.device_index, d.rank = t.data_ptr(), 0, DEVICE_CUDA, t.device.index or 0, 3
+    d.shape[:3] = list(t.shape)
+    d.strides[:3] = list(t.stride())
+    return d
+
+
+class FlashAttn:
+    def __init__(self, path):
+        self.lib = ctypes.CDLL(path)
+        for name in ("flashattn_forward", "flashattn_backward", "flashattn_forward_workspace_size",
+                     "flashattn_backward_workspace_size"):
+            getattr(self.lib, name).restype = ctypes.c_int
+        self.lib.flashattn_last_error.restype = ctypes.c_char_p
+
+    def options(self, causal, deterministic=False):
+        o = Options()
+        self.lib.flashattn_options_init(ctypes.byref(o))
+        o.causal, o.backend, o.deterministic = int(causal), BACKEND_CUDA, int(deterministic)
+        o.cuda_stream = torch.cuda.current_stream().cuda_stream
+        return o
+
+    def check(self, status, what):
+        if status != 0:
+            raise RuntimeError(f"{what}: status {status}: {self.lib.flashattn_last_error().decode()}")
+
+    def forward_call(self, q, k, v, out, lse, causal):
+        """A closure running out, lse = attention(q, k, v) with a preallocated workspace."""
+        o = self.options(causal)
+        views = [bshd_view(q), bshd_view(k), bshd_view(v), bshd_view(out), lse_view(lse)]
+        refs = [ctypes.byref(x) for x in views]
+        size = ctypes.c_size_t()
+        self.check(self.lib.flashattn_forward_workspace_size(*refs, ctypes.byref(o), ctypes.byref(size)), "workspace")
+        ws = torch.empty(max(size.value, 1), dtype=torch.uint8, device=q.device)
+        o.workspace, o.workspace_size = ws.data_ptr(), ws.numel()
+        lib, opts = self.lib, ctypes.byref(o)
+
+        def run():
+            status = lib.flashattn_forward(*refs, opts)
+            if status:
+                self.check(status, "flashattn_forward")
+        run.keep = (views, ws, o)
+        return run
+
+    def backward_call(self, dout, q, k, v, out, lse, dq, dk, dv, causal, deterministic):
+        o = self.options(causal, deterministic)
+        views = [bshd_view(dout), bshd_view(q), bshd_view(k), bshd_view(v), bshd_view(out), lse_view(lse),
+                 bshd_view(dq), bshd_view(dk), bshd_view(dv)]
+        refs = [ctypes.byref(x) for x in views]
+        size = ctypes.c_size_t()
+        self.check(self.lib.flashattn_backward_workspace_size(*refs, ctypes.byref(o), ctypes.byref(size)),
+                   "workspace")
+        ws = torch.empty(max(size.value, 1), dtype=torch.uint8, device=q.device)
+        o.workspace, o.workspace_size = ws.data_ptr(), ws.numel()
+        lib, opts = self.lib, ctypes.byref(o)
+
+        def run():
+            status = lib.flashattn_backward(*refs, opts)
+            if status:
+                self.check(status, "flashattn_backward")
+        run.keep = (views, ws, o)
+        return run
+
+
+# ---- timing --------------------------------------------------------------------------------
+
+def median_ms(fn):
+    try:
+        from triton.testing import do_bench
+        return do_bench(fn, warmup=25, rep=100, return_mode="median")
+    except ImportError:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(5):
+            fn()
+        times = []
+        for _ in range(20):
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return sorted(times)[len(times) // 2]
+
+
+def flops(b, h, n, d, causal, backward):
+    f = 4.0 * b * h * n * n * d / (2 if causal else 1)
+    return f * (2.5 if backward else 1.0)
+
+
+def sdpa_timings(backend, q, k, v, dout, causal):
+    """(forward ms, backward ms) of torch SDPA with one backend, or None if it refuses."""
+    qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    try:
+        with sdpa_kernel([backend]):
+            fwd = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+            out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+            bwd = median_ms(lambda: torch.autograd.grad(out, (qg, kg, vg), dout, retain_graph=True))
+        return fwd, bwd, out.detach()
+    except RuntimeError as e:
+        print(f"  {backend}: {str(e).splitlines()[0]}", file=sys.stderr)
+        return None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--library", required=True, help="path to libflashattn.so built with CUDA")
+    ap.add_argument("--quick", action="store_true", help="N in {1k, 4k, 16k} only")
+    ap.add_argument("--markdown", help="write the table here as well")
+    ap.add_argument("--jsonl", help="one JSON object per measurement")
+    args = ap.parse_args()
+
+    fa = FlashAttn(args.library)
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    lengths = [1024, 4096, 16384] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
+    rows, records = [], []
+    for d in (64, 128, 256):
+        heads = 2048 // d
+        for n in lengths:
+            b = 16384 // n
+            for causal in (False, True):
+                q, k, v, dout = (torch.randn(b, heads, n, d, device=dev, dtype=torch.bfloat16) for _ in range(4))
+                out = torch.empty_like(q)
+                lse = torch.empty(b, heads, n, device=dev, dtype=torch.float32)
+                dq, dk, dv = (torch.empty_like(q) for _ in range(3))
+                ours_fwd = fa.forward_call(q, k, v, out, lse, causal)
+                ours_fwd()
+                ms = {"ours": (median_ms(ours_fwd),)}
+                bwd = fa.backward_call(dout, q, k, v, out, lse, dq, dk, dv, causal, False)
+                det = fa.backward_call(dout, q, k, v, out, lse, dq, dk, dv, causal, True)
+                ms["ours"] += (median_ms(bwd), median_ms(det))
+                ref = None
+                for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+                    r = sdpa_timings(backend, q, k, v, dout, causal)
+                    if r:
+                        ms[name] = r[:2]
+                        ref = r[2] if ref is None else ref
+                err = (out.float() - ref.float()).abs().max().item() if ref is not None else float("nan")
+                fl_f, fl_b = flops(b, heads, n, d, causal, False), flops(b, heads, n, d, causal, True)
+                tf = lambda fl, t: fl / (t * 1e-3) / 1e12 if t else float("nan")
+                row = dict(d=d, n=n, batch=b, heads=heads, causal=causal, max_abs_diff_vs_sdpa=err)
+                row["ours_fwd"], row["ours_bwd"], row["ours_bwd_det"] = (
+                    tf(fl_f, ms["ours"][0]), tf(fl_b, ms["ours"][1]), tf(fl_b, ms["ours"][2]))
+                for name in ("flash", "cudnn"):
+                    f_ms, b_ms = ms.get(name, (None, None))
+                    row[f"{name}_fwd"], row[f"{name}_bwd"] = tf(fl_f, f_ms), tf(fl_b, b_ms)
+                rows.append(row)
+                records.append(row)
+                print(json.dumps(row), flush=True)
+                del q, k, v, dout, out, lse, dq, dk, dv, ours_fwd, bwd, det
+                torch.cuda.empty_cache()
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    lines = [f"{datetime.date.today()} · {torch.cuda.get_device_name()} · torch {torch.__version__} · "
+             f"cuDNN {torch.backends.cudnn.version()} · commit {commit or 'unknown'} · bf16, B·N = 16k, H = 2048/d",
+             "",
+             "| d | N | causal | ours fwd | FLASH fwd | cuDNN fwd | ours/FLASH | ours/cuDNN | ours bwd | det bwd |"
+             " FLASH bwd | cuDNN bwd | ours/FLASH | ours/cuDNN | det/default |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    ratio = lambda a, b: f"{a / b:.2f}" if a == a and b == b and b else "-"
+    num = lambda x: f"{x:.0f}" if x == x else "-"
+    for r in rows:
+        lines.append(
+            f"| {r['d']} | {r['n']} | {'yes' if r['causal'] else 'no'} | {num(r['ours_fwd'])} | {num(r['flash_fwd'])} "
+            f"| {num(r['cudnn_fwd'])} | {ratio(r['ours_fwd'], r['flash_fwd'])} | {ratio(r['ours_fwd'], r['cudnn_fwd'])} "
+            f"| {num(r['ours_bwd'])} | {num(r['ours_bwd_det'])} | {num(r['flash_bwd'])} | {num(r['cudnn_bwd'])} "
+            f"| {ratio(r['ours_bwd'], r['flash_bwd'])} | {ratio(r['ours_bwd'], r['cudnn_bwd'])} "
+            f"| {ratio(r['ours_bwd_det'], r['ours_bwd'])} |")
+    table = "\n".join(lines) + "\n\nTFLOP/s (forward 4·B·H·N²·d, halved when causal; backward 2.5×).\n"
+    print(table)
+    if args.markdown:
+        open(args.markdown, "w").write(table)
+    if args.jsonl:
+        with open(args.jsonl, "w") as f:
+            for r in records:
+                f.write(json.dumps(r) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Builds flashattn with the CUDA backend, runs every test (GPU tests included), runs
+# compute-sanitizer memcheck and racecheck on a representative subset, and benchmarks the CUDA
+# kernels against PyTorch's SDPA backends, all in one run on a machine with an NVIDIA GPU.
+#
+#   scripts/gpu_check.sh OUTPUT_DIR [--quick]
+#
+# Logs land in OUTPUT_DIR: build.log, cpu_tests.log, cuda_tests.log, memcheck.log,
+# racecheck.log, bench.md (and bench.jsonl); the last lines printed are a summary.
+# --quick benchmarks a subset of the shapes. GoogleTest comes from third_party/googletest when
+# the machine has no package (copy /usr/src/googletest there).
+set -uo pipefail
+out=${1:?usage: scripts/gpu_check.sh OUTPUT_DIR [--quick]}
+quick=${2:-}
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${FLASHATTN_GPU_BUILD:-$root/build-gpu}
+mkdir -p "$out"
+summary=()
+step() {  # step NAME LOG COMMAND...: runs and records pass/fail with the time taken
+  local name=$1 log=$2
+  shift 2
+  local start=$SECONDS
+  if "$@" >"$out/$log" 2>&1; then summary+=("$name: ok ($((SECONDS - start)) s)")
+  else summary+=("$name: FAILED ($((SECONDS - start)) s, see $log)"); fi
+}
+
+nvidia-smi >"$out/nvidia-smi.txt" 2>&1
+arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '. ')
+arch=${arch:-90}
+step configure configure.log cmake -S "$root" -B "$build" -G Ninja -DFLASHATTN_CUDA=ON \
+  -DFLASHATTN_CUDA_ARCHS="$arch" -DFLASHATTN_BUILD_PYTHON=OFF
+step build build.log cmake --build "$build" -j "$(nproc)"
+step cuda_tests cuda_tests.log "$build/tests/cuda/flashattn_cuda_tests"
+step cpu_tests cpu_tests.log "$build/tests/flashattn_tests"
+
+# Sanitizers on a subset: primitives, one case per feature family, both passes, split and not.
+subset='CudaPrimitives.*:*CudaAttention.*/square_17:*CudaAttention.*/causal_more_queries:*CudaAttention.*/varlen_with_empty_sequences:*CudaAttention.*/everything:*CudaAttention.*/head_dim_256:CudaAttentionRuns.Deterministic*'
+if command -v compute-sanitizer >/dev/null; then
+  step memcheck memcheck.log compute-sanitizer --tool memcheck --error-exitcode 1 \
+    "$build/tests/cuda/flashattn_cuda_tests" --gtest_filter="Bfloat16/$subset:$subset"
+  step racecheck racecheck.log compute-sanitizer --tool racecheck --error-exitcode 1 \
+    "$build/tests/cuda/flashattn_cuda_tests" --gtest_filter="Bfloat16/*square_17*:Bfloat16/*everything*:Bfloat16/*head_dim_256*"
+else
+  summary+=("sanitizers: compute-sanitizer not found")
+fi
+
+step bench bench.log env PYTHONUNBUFFERED=1 python3 "$root/bench/bench_cuda.py" --library "$build/libflashattn.so" \
+  --markdown "$out/bench.md" --jsonl "$out/bench.jsonl" $quick
+
+grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$out/cuda_tests.log" | head -20
+grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/memcheck.log" "$out/racecheck.log" 2>/dev/null
+[ -f "$out/bench.md" ] && cat "$out/bench.md"
+printf '%s\n' "${summary[@]}"

@@ -1,0 +1,276 @@
+// The CUDA backend: one decision function per question (which variant, how many key splits, how
+// much workspace), shared by supports(), workspace_bytes() and run() so they cannot disagree.
+#include <algorithm>
+#include <cstdint>
+#include <iterator>
+
+#include "core/backend.h"
+#include "cuda/device.h"
+#include "cuda/launch.h"
+#include "cuda/sm80/backward_kernel.cuh"
+#include "cuda/sm80/forward_kernel.cuh"
+#include "cuda/sm80/tile_shapes.h"
+#include "cuda/variants.h"
+
+namespace flashattn::cuda {
+namespace {
+
+template <typename T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<fp16>() { return DType::f16; }
+template <>
+constexpr DType dtype_of<bf16>() { return DType::bf16; }
+
+using Launcher = Status (*)(const KernelParams&, cudaStream_t);
+
+struct Variant {
+  DType dtype;
+  int head_dim;
+  Launcher forward, backward;
+  int forward_smem, backward_smem;  // bytes of dynamic shared memory per block
+};
+
+#define FLASHATTN_VARIANT_ROW(T, D)                                                                \
+  Variant{dtype_of<T>(), D, &launch_forward<T, D>, &launch_backward<T, D>, ForwardConfig<T, D>::kSmemBytes, \
+          BackwardConfig<T, D>::kSmemBytes},
+constexpr Variant kVariants[] = {FLASHATTN_CUDA_FOR_EACH_VARIANT(FLASHATTN_VARIANT_ROW)};
+#undef FLASHATTN_VARIANT_ROW
+constexpr int kHeadDims[] = {FLASHATTN_CUDA_HEAD_DIMS};
+
+// The compiled head dim that serves `d`: the smallest one >= d (zero padding inside the kernels).
+int padded_head_dim(int d) {
+  for (int compiled : kHeadDims)
+    if (compiled >= d) return compiled;
+  return 0;
+}
+
+const Variant* find_variant(DType dtype, int padded) {
+  for (const Variant& v : kVariants)
+    if (v.dtype == dtype && v.head_dim == padded) return &v;
+  return nullptr;
+}
+
+int64_t packed_rows_q(const Params& p) { return p.varlen() ? p.total_q : int64_t(p.batch) * p.seqlen_q; }
+
+// 16-byte loads and stores need 16-byte aligned rows: the data pointer and every stride that
+// is ever multiplied by a non-zero index must be a multiple of 8 elements.
+Status check_operand(const Operand& o, const char* name, const Params& p, int64_t batch, int64_t rows, int64_t heads) {
+  if (reinterpret_cast<uintptr_t>(o.data) % 16 != 0)
+    return unsupported(name, ".data=", o.data, " must be 16-byte aligned for the cuda backend");
+  const struct {
+    int64_t stride, extent;
+    const char* what;
+  } dims[] = {{o.batch, batch, "batch"}, {o.row, rows, "sequence"}, {o.head, heads, "head"}};
+  for (const auto& d : dims)
+    if (d.extent > 1 && d.stride % 8 != 0)
+      return unsupported(name, " ", d.what, " stride=", d.stride,
+                         " must be a multiple of 8 elements (16 bytes) for the cuda backend");
+  return Status::ok();
+}
+
+Status supports(const Params& p) {
+  if (p.device != FLASHATTN_DEVICE_CUDA) return unsupported("the cuda backend needs tensors in device memory");
+  if (p.dtype != DType::f16 && p.dtype != DType::bf16)
+    return unsupported("q.dtype=float32: the cuda backend supports float16 and bfloat16");
+  if (p.head_dim != p.head_dim_v)
+    return unsupported("v head dim=", p.head_dim_v, " must equal q head dim=", p.head_dim, " on the cuda backend");
+  if (p.head_dim % 8 != 0)
+    return unsupported("head dim=", p.head_dim, " must be a multiple of 8 on the cuda backend");
+  const int padded = padded_head_dim(p.head_dim);
+  const Variant* variant = padded ? find_variant(p.dtype, padded) : nullptr;
+  if (!variant)
+    return unsupported("head dim=", p.head_dim, " exceeds the largest head dim compiled into the cuda backend (",
+                       kHeadDims[std::size(kHeadDims) - 1], "; see FLASHATTN_HEAD_DIMS)");
+  if (p.batch > 65535) return unsupported("batch=", p.batch, " exceeds 65535 on the cuda backend");
+  if (p.heads_q > 65535) return unsupported("heads_q=", p.heads_q, " exceeds 65535 on the cuda backend");
+  const int64_t rows_q = p.varlen() ? p.total_q : p.seqlen_q;
+  const int64_t rows_k = p.seqlen_k;  // varlen: any row count > 1 needs an aligned stride too
+  const bool backward = p.pass == Pass::backward;
+  const struct {
+    const Operand& o;
+    const char* name;
+    int64_t rows, heads;
+    bool used;
+  } operands[] = {{p.q, "q", rows_q, p.heads_q, true},         {p.k, "k", rows_k, p.heads_kv, true},
+                  {p.v, "v", rows_k, p.heads_kv, true},        {p.out, "out", rows_q, p.heads_q, true},
+                  {p.dout, "dout", rows_q, p.heads_q, backward}, {p.dq, "dq", rows_q, p.heads_q, backward},
+                  {p.dk, "dk", rows_k, p.heads_kv, backward},   {p.dv, "dv", rows_k, p.heads_kv, backward}};
+  for (const auto& op : operands)
+    if (op.used) FA_TRY(check_operand(op.o, op.name, p, p.varlen() ? 1 : p.batch, p.varlen() ? 2 : op.rows, op.heads));
+
+  const DeviceInfo info = device_info(p.device_index);
+  if (info.compute_capability != 0 && info.compute_capability < 80)
+    return unsupported("cuda:", p.device_index, " has compute capability ", info.compute_capability / 10, ".",
+                       info.compute_capability % 10, "; the cuda backend needs 8.0 or newer");
+  const int smem = backward ? variant->backward_smem : variant->forward_smem;
+  if (info.max_smem_per_block != 0 && smem > info.max_smem_per_block)
+    return unsupported("head dim=", p.head_dim, " ", backward ? "backward" : "forward", " needs ", smem,
+                       " bytes of shared memory per block; cuda:", p.device_index, " offers ", info.max_smem_per_block);
+  return Status::ok();
+}
+
+// Key splits of a forward: more than one only when batch x heads x query tiles cannot fill the
+// GPU (about two blocks per multiprocessor). Among split counts that do not repeat a per-split
+// block count, the smallest whose wave efficiency is within 85% of the best.
+int forward_splits(const Params& p, int padded) {
+  const ForwardShape shape = forward_shape(padded);
+  const int64_t m_blocks = (int64_t(p.seqlen_q) + shape.block_m - 1) / shape.block_m;
+  const int64_t n_blocks = (int64_t(p.seqlen_k) + shape.block_n - 1) / shape.block_n;
+  const int64_t tiles = int64_t(p.batch) * p.heads_q * m_blocks;
+  const int sms = device_info(p.device_index).multiprocessors;
+  const double slots = 2.0 * sms;
+  if (sms == 0 || tiles == 0 || n_blocks < 2 || double(tiles) >= 0.8 * slots) return 1;
+  const int max_splits = int(std::min<int64_t>({128, sms, n_blocks}));
+  auto blocks_per_split = [&](int s) { return (n_blocks + s - 1) / s; };
+  auto efficiency = [&](int s) {
+    if (s > 1 && blocks_per_split(s) == blocks_per_split(s - 1)) return 0.0;
+    const double waves = double(tiles) * s / slots;
+    return waves / double(int64_t(waves) + (waves > double(int64_t(waves)) ? 1 : 0));
+  };
+  double best = 0;
+  for (int s = 1; s <= max_splits; ++s) best = std::max(best, efficiency(s));
+  for (int s = 1; s <= max_splits; ++s)
+    if (efficiency(s) >= 0.85 * best) return s;
+  return 1;
+}
+
+// dq_accum copies of a deterministic backward: one block per (copy, batch, kv head), at most one
+// wave of one block per multiprocessor; each copy takes every copies-th key block.
+int backward_dq_copies(const Params& p, int padded) {
+  if (!p.deterministic) return 1;
+  const BackwardShape shape = backward_shape(padded);
+  const int64_t n_blocks = (int64_t(p.seqlen_k) + shape.block_n - 1) / shape.block_n;
+  const int64_t blocks = std::max<int64_t>(1, int64_t(p.batch) * p.heads_kv);
+  const int sms = device_info(p.device_index).multiprocessors;
+  int64_t copies = std::clamp<int64_t>(sms / blocks, 1, std::max<int64_t>(1, n_blocks));
+  const int64_t per_copy = (n_blocks + copies - 1) / std::max<int64_t>(1, copies);
+  if (per_copy > 0) copies = (n_blocks + per_copy - 1) / per_copy;  // equal shares, no idle copy
+  return int(std::max<int64_t>(1, copies));
+}
+
+// Workspace layout: each part 256-byte aligned.
+struct Workspace {
+  size_t partial_out = 0, partial_lse = 0, delta = 0, lse_log2 = 0, dq_accum = 0, total = 0;
+
+  static size_t align(size_t bytes) { return (bytes + 255) / 256 * 256; }
+  static Workspace of(const Params& p) {
+    Workspace w;
+    const int padded = padded_head_dim(p.head_dim);
+    const size_t rows = size_t(packed_rows_q(p)) * size_t(p.heads_q);
+    size_t at = 0;
+    auto take = [&](size_t bytes) {
+      const size_t start = at;
+      at += align(bytes);
+      return start;
+    };
+    if (p.pass == Pass::forward) {
+      const int splits = forward_splits(p, padded);
+      if (splits > 1) {
+        w.partial_out = take(size_t(splits) * rows * padded * sizeof(float));
+        w.partial_lse = take(size_t(splits) * rows * sizeof(float));
+      }
+    } else {
+      w.delta = take(rows * sizeof(float));
+      w.lse_log2 = take(rows * sizeof(float));
+      w.dq_accum = take(size_t(backward_dq_copies(p, padded)) * rows * padded * sizeof(float));
+    }
+    w.total = at;
+    return w;
+  }
+};
+
+size_t workspace_bytes(const Params& p) { return Workspace::of(p).total; }
+
+KernelParams kernel_params(const Params& p, int padded) {
+  KernelParams k;
+  k.q = p.q;
+  k.k = p.k;
+  k.v = p.v;
+  k.out = p.out;
+  k.dout = p.dout;
+  k.dq = p.dq;
+  k.dk = p.dk;
+  k.dv = p.dv;
+  k.lse = p.lse;
+  k.lse_batch = p.lse_batch;
+  k.lse_head = p.lse_head;
+  k.cu_seqlens_q = p.varlen() ? p.cu_seqlens_q : nullptr;
+  k.cu_seqlens_k = p.varlen() ? p.cu_seqlens_k : nullptr;
+  k.batch = p.batch;
+  k.heads_q = p.heads_q;
+  k.heads_kv = p.heads_kv;
+  k.group = p.group_size();
+  k.seqlen_q = p.seqlen_q;
+  k.seqlen_k = p.seqlen_k;
+  k.head_dim = p.head_dim;
+  k.rows_q = packed_rows_q(p);
+  k.scale = p.scale;
+  k.softcap = p.softcap;
+  k.window_left = p.window_left;
+  k.window_right = p.window_right;
+  k.alibi_slopes = p.alibi ? p.alibi_slopes : nullptr;
+  k.alibi_batch = p.alibi_batch;
+  const semantics::Dropout drop = semantics::Dropout::make(p.dropout_p, p.dropout_seed, p.dropout_offset);
+  k.dropout_threshold = drop.threshold;
+  k.dropout_inv_keep = drop.inv_keep;
+  k.dropout_seed = drop.seed;
+  k.dropout_offset = drop.offset;
+  auto* base = static_cast<unsigned char*>(p.workspace);
+  const Workspace w = Workspace::of(p);
+  if (p.pass == Pass::forward) {
+    k.num_splits = forward_splits(p, padded);
+    if (k.num_splits > 1) {
+      k.partial_out = reinterpret_cast<float*>(base + w.partial_out);
+      k.partial_lse = reinterpret_cast<float*>(base + w.partial_lse);
+    }
+  } else {
+    k.delta = reinterpret_cast<float*>(base + w.delta);
+    k.lse_log2 = reinterpret_cast<float*>(base + w.lse_log2);
+    k.dq_accum = reinterpret_cast<float*>(base + w.dq_accum);
+    k.dq_copies = backward_dq_copies(p, padded);
+  }
+  return k;
+}
+
+bool available() { return device_count() > 0; }
+
+Status run(const Params& p) {
+  const int padded = padded_head_dim(p.head_dim);
+  const Variant* variant = find_variant(p.dtype, padded);
+  if (!variant) return supports(p);
+  if (p.batch == 0 || p.heads_q == 0) return Status::ok();
+  DeviceGuard guard(p.device_index);
+  const KernelParams k = kernel_params(p, padded);
+  const auto stream = static_cast<cudaStream_t>(p.stream);
+  if (p.pass == Pass::forward) return k.rows_q == 0 ? Status::ok() : variant->forward(k, stream);
+  return variant->backward(k, stream);
+}
+
+void* allocate(size_t bytes, const Params& p) {
+  DeviceGuard guard(p.device_index);
+  void* ptr = nullptr;
+  if (cudaMallocAsync(&ptr, bytes, static_cast<cudaStream_t>(p.stream)) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return ptr;
+}
+
+void release(void* ptr, const Params& p) {
+  DeviceGuard guard(p.device_index);
+  cudaFreeAsync(ptr, static_cast<cudaStream_t>(p.stream));
+}
+
+}  // namespace
+}  // namespace flashattn::cuda
+
+namespace flashattn {
+
+const BackendOps& cuda_backend() {
+  static const BackendOps ops{Backend::cuda,           "cuda",          &cuda::available, &cuda::supports,
+                              &cuda::workspace_bytes,  &cuda::run,      &cuda::allocate,  &cuda::release};
+  return ops;
+}
+
+}  // namespace flashattn

@@ -1,0 +1,309 @@
+// FlashAttention-2 backward on mma.sync, parallel over key blocks. A thread block owns kN keys of
+// one (batch, kv head) and keeps dK and dV for them in registers while it walks over the query
+// blocks that see those keys, for every query head of the GQA group:
+//   S^T = K Q^T, dP^T = V dO^T                       (rows = keys, so P^T is dV's A operand)
+//   P = exp(S - lse), dS = P * (z * dP - delta) * softcap'
+//   dV += (z P)^T dO, dK += dS^T Q                    (registers, or shared memory when two
+//                                                      warps share a key group, see d_split)
+//   dQ += dS K                                        (fp32 atomics into dq_accum)
+// Each warp owns 16 keys. With d_split = 2 a pair of warps shares 16 keys: each computes S^T for
+// half of the query rows and dK/dV for half of the head dim, exchanging P and dS in shared memory.
+// Deterministic mode: the grid holds one block per dq_accum copy and each block walks its key
+// blocks in order, so every dq_accum address has a single writer in a fixed order.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/common/cp_async.cuh"
+#include "cuda/common/ldmatrix.cuh"
+#include "cuda/common/mma.cuh"
+#include "cuda/common/numeric.cuh"
+#include "cuda/common/smem.cuh"
+#include "cuda/sm80/attention_common.cuh"
+#include "cuda/sm80/tile_shapes.h"
+
+namespace flashattn::cuda {
+
+template <typename T, int kD>
+struct BackwardConfig {
+  static constexpr BackwardShape kShape = backward_shape(kD);
+  static constexpr int kM = kShape.block_m, kN = kShape.block_n, kWarps = kShape.warps, kSplit = kShape.d_split;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kKeyGroups = kWarps / kSplit;   // groups of 16 keys
+  static constexpr int kWarpQueries = kM / kSplit;     // query columns of a warp's S^T
+  static constexpr int kWarpCols = kD / kSplit;        // dK/dV columns of a warp
+  static_assert(kN == 16 * kKeyGroups, "each key group holds 16 keys");
+  static_assert(kM == 64 && kWarps == 8, "dQ = dS K spreads 4 row groups x 2 column halves over 8 warps");
+  static_assert(kWarpCols % 16 == 0 && (kD / 2) % 16 == 0, "head dim must split into 16-column steps");
+  // Q and dO double-buffered where shared memory allows (the A100 has 163 KB per block).
+  static constexpr int kStages = kD <= 128 ? 2 : 1;
+  using QTile = SmemTile<kM, kD>;
+  using KTile = SmemTile<kN, kD>;
+  using STile = SmemTile<kN, kM>;  // P^T or dS^T, [key][query]
+  static constexpr int kRowBytes = kM * 4;  // lse2 or delta of a step
+  static constexpr int kStageBytes = 2 * QTile::kBytes + 2 * kRowBytes;
+  static constexpr int kSmemBytes = 2 * KTile::kBytes + kStages * kStageBytes + (kSplit == 2 ? 2 : 1) * STile::kBytes;
+  static constexpr int kQueryTiles = kWarpQueries / 8;  // n8 tiles of a warp's S^T
+};
+
+namespace backward_detail {
+
+// The pass over query blocks of one key block: which heads, which query blocks.
+struct Walk {
+  int head_first, heads, m_begin, m_end;
+  __device__ int steps() const { return heads * max(0, m_end - m_begin); }
+  __device__ int head(int step) const { return head_first + step / max(1, m_end - m_begin); }
+  __device__ int m_block(int step) const { return m_begin + step % max(1, m_end - m_begin); }
+};
+
+}  // namespace backward_detail
+
+template <typename T, int kD>
+__global__ void __launch_bounds__(BackwardConfig<T, kD>::kThreads, 1)
+    backward_kernel(const __grid_constant__ KernelParams p) {
+  using C = BackwardConfig<T, kD>;
+  using Elem = typename T::storage;
+  using QTile = typename C::QTile;
+  using KTile = typename C::KTile;
+  using STile = typename C::STile;
+  constexpr int kM = C::kM, kN = C::kN;
+  extern __shared__ __align__(128) unsigned char smem[];
+
+  const int hk = blockIdx.y, b = blockIdx.z;
+  const Sequence seq = Sequence::of(p, b);
+  const int n_blocks = (seq.seqlen_k + kN - 1) / kN;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int key_group = warp % C::kKeyGroups, part = warp / C::kKeyGroups;
+  const int query0 = part * C::kWarpQueries;  // first query column of this warp's S^T
+  const int col0 = part * C::kWarpCols;       // first dK/dV column of this warp
+
+  const uint32_t s_k = smem_address(smem);
+  const uint32_t s_v = s_k + KTile::kBytes;
+  const uint32_t s_stage0 = s_v + KTile::kBytes;
+  const uint32_t s_ds = s_stage0 + C::kStages * C::kStageBytes;
+  const uint32_t s_p = s_ds + STile::kBytes;  // kSplit == 2 only
+  auto stage_q = [&](int stage) { return s_stage0 + stage * C::kStageBytes; };
+  auto stage_do = [&](int stage) { return stage_q(stage) + QTile::kBytes; };
+  auto stage_lse = [&](int stage) { return stage_q(stage) + 2 * QTile::kBytes; };
+  auto stage_delta = [&](int stage) { return stage_lse(stage) + C::kRowBytes; };
+  const float* lse_smem0 = reinterpret_cast<const float*>(smem + (stage_lse(0) - s_k));
+
+  const Elem* k_rows = operand_row<const Elem>(p.k, b, seq.k_start, hk);
+  const Elem* v_rows = operand_row<const Elem>(p.v, b, seq.k_start, hk);
+  float* dq_accum = p.dq_accum + (p.dq_copies > 1 ? int64_t(blockIdx.x) * p.rows_q * p.heads_q * kD : 0);
+  const semantics::Dropout drop{p.dropout_threshold, p.dropout_inv_keep, p.dropout_seed, p.dropout_offset};
+
+  for (int n = blockIdx.x; n < n_blocks; n += gridDim.x) {
+    const int64_t j0 = int64_t(n) * kN;
+    const int keys_valid = int(min(int64_t(kN), int64_t(seq.seqlen_k) - j0));
+    // Query blocks that see keys [j0, j0 + keys_valid): the same for every head of the group.
+    const ScoreRule rule0 = ScoreRule::make(p, seq, b, hk * p.group);
+    const int64_t first_q = rule0.window.first_query(j0), last_q = rule0.window.last_query(j0 + keys_valid - 1);
+    const backward_detail::Walk walk{hk * p.group, p.group, int(first_q / kM),
+                                     first_q <= last_q ? int(last_q / kM) + 1 : int(first_q / kM)};
+
+    // Loads of the query side of one step into a stage: Q, dO, lse2 and delta rows.
+    auto load_step = [&](int step, int stage) {
+      const int h = walk.head(step), m0 = walk.m_block(step) * kM;
+      const int rows = seq.seqlen_q - m0;
+      load_tile_async<Elem, QTile, C::kThreads>(stage_q(stage), operand_row<const Elem>(p.q, b, seq.q_start + m0, h),
+                                                p.q.row, rows, p.head_dim, p.q.data);
+      load_tile_async<Elem, QTile, C::kThreads>(stage_do(stage),
+                                                operand_row<const Elem>(p.dout, b, seq.q_start + m0, h), p.dout.row,
+                                                rows, p.head_dim, p.dout.data);
+      if (threadIdx.x < 2 * kM) {
+        const int r = threadIdx.x % kM;
+        const bool is_delta = threadIdx.x >= kM;
+        const float* row = (is_delta ? p.delta : p.lse_log2) + int64_t(h) * p.rows_q + seq.packed_q + m0 + r;
+        cp_async_4((is_delta ? stage_delta(stage) : stage_lse(stage)) + r * 4, r < rows ? row : p.delta, r < rows);
+      }
+    };
+
+    // K and V of this block; the first step's query side joins the same group.
+    if (n != int(blockIdx.x)) __syncthreads();  // the previous key block is done with K and V
+    if (walk.steps() > 0) {
+      load_tile_async<Elem, KTile, C::kThreads>(s_k, k_rows + j0 * p.k.row, p.k.row, keys_valid, p.head_dim, p.k.data);
+      load_tile_async<Elem, KTile, C::kThreads>(s_v, v_rows + j0 * p.v.row, p.v.row, keys_valid, p.head_dim, p.v.data);
+      load_step(0, 0);
+      cp_async_commit();
+    }
+
+    float dk[C::kWarpCols / 8][4] = {};
+    float dv[C::kWarpCols / 8][4] = {};
+    const LaneCoord a_lane = a_operand_lane(lane);
+    const LaneCoord nk_lane = b_operand_nk_lane(lane);
+    const LaneCoord kn_lane = b_operand_kn_lane(lane);
+    const LaneCoord km_lane = a_operand_km_lane(lane);
+
+    for (int step = 0; step < walk.steps(); ++step) {
+      const int stage = C::kStages == 2 ? step % 2 : 0;
+      const int h = walk.head(step), m0 = walk.m_block(step) * kM;
+      cp_async_wait<0>();
+      __syncthreads();  // this step's loads landed; the previous step is done with the other stage
+      if (C::kStages == 2 && step + 1 < walk.steps()) {
+        load_step(step + 1, 1 - stage);
+        cp_async_commit();
+      }
+      const uint32_t s_q = stage_q(stage), s_do = stage_do(stage);
+      const float* lse2 = lse_smem0 + stage * (C::kStageBytes / 4);
+      const float* delta = lse2 + kM;
+
+      // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys and query columns.
+      float st[C::kQueryTiles][4] = {};
+      float dpt[C::kQueryTiles][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        uint32_t ak[4], av[4];
+        ldmatrix_x4(ak, s_k + KTile::offset(key_group * 16 + a_lane.row, kk * 16 + a_lane.col));
+        ldmatrix_x4(av, s_v + KTile::offset(key_group * 16 + a_lane.row, kk * 16 + a_lane.col));
+#pragma unroll
+        for (int qt = 0; qt < C::kQueryTiles / 2; ++qt) {
+          uint32_t bq[4], bo[4];
+          ldmatrix_x4(bq, s_q + QTile::offset(query0 + qt * 16 + nk_lane.row, kk * 16 + nk_lane.col));
+          ldmatrix_x4(bo, s_do + QTile::offset(query0 + qt * 16 + nk_lane.row, kk * 16 + nk_lane.col));
+          mma_16816<T>(st[2 * qt], ak, {bq[0], bq[1]});
+          mma_16816<T>(st[2 * qt + 1], ak, {bq[2], bq[3]});
+          mma_16816<T>(dpt[2 * qt], av, {bo[0], bo[1]});
+          mma_16816<T>(dpt[2 * qt + 1], av, {bo[2], bo[3]});
+        }
+      }
+
+      // Element-wise: st <- z P (for dV), dpt <- dS (for dK, dQ).
+      const ScoreRule rule = ScoreRule::make(p, seq, b, h);
+      const bool masked = !rule.block_unmasked(m0, kM, j0, kN) || m0 + kM > seq.seqlen_q;
+      const int64_t batch_head = int64_t(b) * p.heads_q + h;
+#pragma unroll
+      for (int qt = 0; qt < C::kQueryTiles; ++qt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int q_local = query0 + qt * 8 + 2 * t + c;
+          const int64_t i = m0 + q_local;
+          const float row_lse2 = lse2[q_local], row_delta = delta[q_local];
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int64_t j = j0 + key_group * 16 + g + half * 8;
+            float& s = st[qt][2 * half + c];
+            float& dp = dpt[qt][2 * half + c];
+            float cap_grad = 1.f;
+            if (rule.general) {
+              if (rule.softcap > 0.f) {
+                const float th = tanhf(rule.scale * s / rule.softcap);
+                cap_grad = 1.f - th * th;
+              }
+              s = rule.transform(s, i, j);
+            }
+            if (masked && !(i < seq.seqlen_q && rule.window.visible(i, j))) s = -INFINITY;
+            const float prob = fast_exp2(fmaf(s, rule.exp_scale, -row_lse2));
+            float z = 1.f;
+            if (drop.enabled()) z = drop.keep(batch_head, i, j) ? drop.inv_keep : 0.f;
+            s = prob * z;
+            dp = prob * (z * dp - row_delta) * cap_grad;
+          }
+        }
+
+      // dS^T (and z P^T when two warps share the keys) to shared memory, [key][query].
+      const int key_row = key_group * 16 + g;
+#pragma unroll
+      for (int qt = 0; qt < C::kQueryTiles; ++qt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const uint32_t at = STile::offset(key_row + half * 8, query0 + qt * 8 + 2 * t);
+          const uint32_t ds2 = pack2<T>(dpt[qt][2 * half], dpt[qt][2 * half + 1]);
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_ds + at), "r"(ds2));
+          if (C::kSplit == 2) {
+            const uint32_t p2 = pack2<T>(st[qt][2 * half], st[qt][2 * half + 1]);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_p + at), "r"(p2));
+          }
+        }
+
+      // dV += (z P)^T dO and dK += dS^T Q over this step's queries (k = query).
+      auto accumulate_dkdv = [&](int kk, const uint32_t (&ap)[4], const uint32_t (&ads)[4]) {
+#pragma unroll
+        for (int dt = 0; dt < C::kWarpCols / 16; ++dt) {
+          uint32_t bo[4], bq[4];
+          ldmatrix_x4_trans(bo, s_do + QTile::offset(kk * 16 + kn_lane.row, col0 + dt * 16 + kn_lane.col));
+          ldmatrix_x4_trans(bq, s_q + QTile::offset(kk * 16 + kn_lane.row, col0 + dt * 16 + kn_lane.col));
+          mma_16816<T>(dv[2 * dt], ap, {bo[0], bo[1]});
+          mma_16816<T>(dv[2 * dt + 1], ap, {bo[2], bo[3]});
+          mma_16816<T>(dk[2 * dt], ads, {bq[0], bq[1]});
+          mma_16816<T>(dk[2 * dt + 1], ads, {bq[2], bq[3]});
+        }
+      };
+      if (C::kSplit == 1) {
+#pragma unroll
+        for (int kk = 0; kk < kM / 16; ++kk) {
+          uint32_t ap[4], ads[4];
+          accumulators_to_a<T>(st[2 * kk], st[2 * kk + 1], ap);
+          accumulators_to_a<T>(dpt[2 * kk], dpt[2 * kk + 1], ads);
+          accumulate_dkdv(kk, ap, ads);
+        }
+      }
+      __syncthreads();  // dS^T (and P^T) of every warp are in shared memory
+      if (C::kSplit == 2) {
+#pragma unroll
+        for (int kk = 0; kk < kM / 16; ++kk) {
+          uint32_t ap[4], ads[4];
+          ldmatrix_x4(ap, s_p + STile::offset(key_group * 16 + a_lane.row, kk * 16 + a_lane.col));
+          ldmatrix_x4(ads, s_ds + STile::offset(key_group * 16 + a_lane.row, kk * 16 + a_lane.col));
+          accumulate_dkdv(kk, ap, ads);
+        }
+      }
+
+      // dQ (kM x kD) += dS K: warp w takes query rows 16 (w % 4).. and columns half (w / 4).
+      {
+        const int row_group = warp % 4, dq_col0 = (warp / 4) * (kD / 2);
+        float dq[kD / 16][4] = {};
+#pragma unroll
+        for (int kk = 0; kk < kN / 16; ++kk) {
+          uint32_t a[4];
+          ldmatrix_x4_trans(a, s_ds + STile::offset(kk * 16 + km_lane.row, row_group * 16 + km_lane.col));
+#pragma unroll
+          for (int dt = 0; dt < kD / 32; ++dt) {
+            uint32_t bk[4];
+            ldmatrix_x4_trans(bk, s_k + KTile::offset(kk * 16 + kn_lane.row, dq_col0 + dt * 16 + kn_lane.col));
+            mma_16816<T>(dq[2 * dt], a, {bk[0], bk[1]});
+            mma_16816<T>(dq[2 * dt + 1], a, {bk[2], bk[3]});
+          }
+        }
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int64_t i = m0 + row_group * 16 + g + half * 8;
+          if (i >= seq.seqlen_q) continue;
+          float* row = dq_accum + ((seq.packed_q + i) * p.heads_q + h) * kD + dq_col0 + 2 * t;
+#pragma unroll
+          for (int dt = 0; dt < kD / 16; ++dt) {
+            atomicAdd(row + dt * 8, dq[dt][2 * half]);
+            atomicAdd(row + dt * 8 + 1, dq[dt][2 * half + 1]);
+          }
+        }
+      }
+
+      if (C::kStages == 1 && step + 1 < walk.steps()) {
+        __syncthreads();  // every warp is done with the stage
+        load_step(step + 1, 0);
+        cp_async_commit();
+      }
+    }
+
+    // dK = scale * sum dS^T Q and dV, for the valid keys and columns.
+    Elem* dk_rows = operand_row<Elem>(p.dk, b, seq.k_start + j0, hk);
+    Elem* dv_rows = operand_row<Elem>(p.dv, b, seq.k_start + j0, hk);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int key = key_group * 16 + g + half * 8;
+      if (key >= keys_valid) continue;
+#pragma unroll
+      for (int dt = 0; dt < C::kWarpCols / 8; ++dt) {
+        const int col = col0 + dt * 8 + 2 * t;
+        if (col >= p.head_dim) continue;
+        *reinterpret_cast<uint32_t*>(dk_rows + key * p.dk.row + col) =
+            pack2<T>(dk[dt][2 * half] * p.scale, dk[dt][2 * half + 1] * p.scale);
+        *reinterpret_cast<uint32_t*>(dv_rows + key * p.dv.row + col) = pack2<T>(dv[dt][2 * half], dv[dt][2 * half + 1]);
+      }
+    }
+  }
+}
+
+}  // namespace flashattn::cuda

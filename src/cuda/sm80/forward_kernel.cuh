@@ -1,0 +1,323 @@
+// FlashAttention-2 forward on mma.sync. One thread block owns a tile of kM query rows of one
+// (batch, head); each warp owns 16 of those rows, so a row's scores, max and sum never leave the
+// quad of lanes that holds them. Key/value tiles stream through shared memory with cp.async:
+// V[n] loads while S = Q K[n]^T runs, K[n-1] while the softmax and O += P V[n] run. Key blocks
+// are visited from the last to the first, so only the first step meets the end of the keys.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/common/cp_async.cuh"
+#include "cuda/common/ldmatrix.cuh"
+#include "cuda/common/mma.cuh"
+#include "cuda/common/numeric.cuh"
+#include "cuda/common/smem.cuh"
+#include "cuda/common/warp.cuh"
+#include "cuda/sm80/attention_common.cuh"
+#include "cuda/sm80/tile_shapes.h"
+
+namespace flashattn::cuda {
+
+template <typename T, int kD>
+struct ForwardConfig {
+  static constexpr ForwardShape kShape = forward_shape(kD);
+  static constexpr int kM = kShape.block_m, kN = kShape.block_n, kWarps = kShape.warps;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kRowTiles = kM / (16 * kWarps);  // 16-row mma tiles per warp
+  static_assert(kM == 16 * kRowTiles * kWarps, "warps split the query rows in 16-row tiles");
+  static_assert(kN % 32 == 0, "dropout draws keys in groups of 4 x 8");
+  using QTile = SmemTile<kM, kD>;
+  using KVTile = SmemTile<kN, kD>;
+  static constexpr int kSmemBytes = QTile::kBytes + 2 * KVTile::kBytes;
+  static constexpr int kScoreTiles = kN / 8;  // n8 accumulator tiles of a 16-row score tile
+  static constexpr int kOutTiles = kD / 8;    // n8 accumulator tiles of a 16-row output tile
+};
+
+// Per-lane state of the online softmax for the lane's two rows (g and g + 8) of each row tile.
+template <int kRowTiles>
+struct RowState {
+  float max[kRowTiles][2];  // of the stored scores (raw or log2-domain, see ScoreRule)
+  float sum[kRowTiles][2];  // this lane's part of sum(P), before dropout
+  __device__ RowState() {
+#pragma unroll
+    for (int r = 0; r < kRowTiles; ++r)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        max[r][half] = -INFINITY;
+        sum[r][half] = 0.f;
+      }
+  }
+};
+
+namespace forward_detail {
+
+constexpr float kNegInf = -INFINITY;
+
+// Scores of a 16 x kN tile after S = Q K^T: transform (general rules) and mask.
+template <int kTiles>
+__device__ __forceinline__ void score_rule(float (&s)[kTiles][4], const ScoreRule& rule, int64_t row0,
+                                           int64_t j0, bool masked) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int nt = 0; nt < kTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t i = row0 + lane / 4 + (e / 2) * 8;
+      const int64_t j = j0 + nt * 8 + (lane % 4) * 2 + (e % 2);
+      if (rule.general) s[nt][e] = rule.transform(s[nt][e], i, j);
+      if (masked && !rule.window.visible(i, j)) s[nt][e] = kNegInf;
+    }
+}
+
+// Online softmax step of a 16-row tile: new row maxima, rescale of O and of the running sums,
+// S -> P (before dropout).
+template <int kTiles, int kOutTiles>
+__device__ __forceinline__ void softmax_step(float (&s)[kTiles][4], float (&o)[kOutTiles][4], float (&row_max)[2],
+                                             float (&row_sum)[2], float exp_scale) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float mx = row_max[half];
+#pragma unroll
+    for (int nt = 0; nt < kTiles; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * half], s[nt][2 * half + 1]));
+    mx = quad_max(mx);
+    // A row with nothing visible yet keeps max = -inf; subtracting 0 then keeps P = 0 (no NaN).
+    const float shift = mx == kNegInf ? 0.f : mx * exp_scale;
+    const float correction = fast_exp2(row_max[half] * exp_scale - shift);
+    row_max[half] = mx;
+    row_sum[half] *= correction;
+#pragma unroll
+    for (int dt = 0; dt < kOutTiles; ++dt) {
+      o[dt][2 * half] *= correction;
+      o[dt][2 * half + 1] *= correction;
+    }
+#pragma unroll
+    for (int nt = 0; nt < kTiles; ++nt)
+#pragma unroll
+      for (int e = 2 * half; e < 2 * half + 2; ++e) {
+        s[nt][e] = fast_exp2(fmaf(s[nt][e], exp_scale, -shift));
+        row_sum[half] += s[nt][e];
+      }
+  }
+}
+
+// Zeroes the dropped probabilities of a 16-row tile. One Philox call gives the draws of 8 keys
+// of a row; each lane of a quad computes one of 4 consecutive n8 tiles and a quad transpose hands
+// every lane the 32-bit word (its two keys) of each tile.
+template <int kTiles>
+__device__ __forceinline__ void apply_dropout(float (&s)[kTiles][4], const semantics::Dropout& drop,
+                                              int64_t batch_head, int64_t row0, int64_t j0) {
+  static_assert(kTiles % 4 == 0, "dropout groups 4 n8 tiles");
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t i = row0 + lane / 4 + half * 8;
+#pragma unroll
+    for (int group = 0; group < kTiles / 4; ++group) {
+      const semantics::Philox4 r = drop.draws(batch_head, i, (j0 >> 3) + group * 4 + lane % 4);
+      uint32_t words[4] = {r.x[0], r.x[1], r.x[2], r.x[3]};
+      quad_transpose(words);  // words[q] = word (lane % 4) of tile group * 4 + q
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if (((words[q] >> (16 * e)) & 0xFFFFu) < drop.threshold) s[group * 4 + q][2 * half + e] = 0.f;
+    }
+  }
+}
+
+}  // namespace forward_detail
+
+template <typename T, int kD>
+__global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads)
+    forward_kernel(const __grid_constant__ KernelParams p) {
+  using C = ForwardConfig<T, kD>;
+  using Elem = typename T::storage;
+  using QTile = typename C::QTile;
+  using KVTile = typename C::KVTile;
+  constexpr int kM = C::kM, kN = C::kN, kRowTiles = C::kRowTiles;
+  extern __shared__ __align__(128) unsigned char smem[];
+
+  // Query tiles of a head run last-first: under a causal mask the last ones see the most keys.
+  const int m_blocks = (p.seqlen_q + kM - 1) / kM;
+  const int m_block = m_blocks - 1 - int(blockIdx.x) % m_blocks;
+  const int split = int(blockIdx.x) / m_blocks;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const Sequence seq = Sequence::of(p, b);
+  const int m0 = m_block * kM;
+  if (m0 >= seq.seqlen_q) return;
+  const ScoreRule rule = ScoreRule::make(p, seq, b, h);
+
+  // Key blocks seen by rows [m0, m0 + kM), cut to this split's share.
+  const int last_row = min(m0 + kM, seq.seqlen_q) - 1;
+  int n_begin = int(rule.window.first_key(m0) / kN);
+  int n_end = int((rule.window.last_key(last_row) + kN) / kN);  // exclusive; last_key may be -1
+  if (p.num_splits > 1) {
+    const int per_split = ((seq.seqlen_k + kN - 1) / kN + p.num_splits - 1) / p.num_splits;
+    n_begin = max(n_begin, split * per_split);
+    n_end = min(n_end, (split + 1) * per_split);
+  }
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int hk = h / p.group;
+  const Elem* q_rows = operand_row<const Elem>(p.q, b, seq.q_start + m0, h);
+  const Elem* k_rows = operand_row<const Elem>(p.k, b, seq.k_start, hk);
+  const Elem* v_rows = operand_row<const Elem>(p.v, b, seq.k_start, hk);
+  const uint32_t s_q = smem_address(smem);
+  const uint32_t s_k = s_q + QTile::kBytes;
+  const uint32_t s_v = s_k + KVTile::kBytes;
+  auto load_keys = [&](uint32_t tile, const Elem* rows, int64_t stride, const void* base, int n) {
+    load_tile_async<Elem, KVTile, C::kThreads>(tile, rows + int64_t(n) * kN * stride, stride,
+                                               seq.seqlen_k - n * kN, p.head_dim, base);
+  };
+
+  float o[kRowTiles][C::kOutTiles][4] = {};
+  RowState<kRowTiles> st;
+  const int warp_row = warp * 16 * kRowTiles;  // first row of this warp inside the tile
+  auto tile_row0 = [&](int r) { return int64_t(m0) + warp_row + r * 16; };  // query row of tile r
+  if (n_begin < n_end) {
+    load_tile_async<Elem, QTile, C::kThreads>(s_q, q_rows, p.q.row, seq.seqlen_q - m0, p.head_dim, p.q.data);
+    load_keys(s_k, k_rows, p.k.row, p.k.data, n_end - 1);
+    cp_async_commit();
+  }
+  const LaneCoord a_lane = a_operand_lane(lane);
+  const LaneCoord k_lane = b_operand_nk_lane(lane);
+  const LaneCoord v_lane = b_operand_kn_lane(lane);
+  const uint32_t q_frag = s_q + QTile::offset(warp_row + a_lane.row, a_lane.col);
+  const uint32_t k_frag = s_k + KVTile::offset(k_lane.row, k_lane.col);
+  const uint32_t v_frag = s_v + KVTile::offset(v_lane.row, v_lane.col);
+  const semantics::Dropout drop{p.dropout_threshold, p.dropout_inv_keep, p.dropout_seed, p.dropout_offset};
+  const int64_t batch_head = int64_t(b) * p.heads_q + h;
+
+  for (int n = n_end - 1; n >= n_begin; --n) {
+    cp_async_wait<0>();
+    __syncthreads();  // K[n] has landed; every warp is done with V[n + 1]
+    load_keys(s_v, v_rows, p.v.row, p.v.data, n);
+    cp_async_commit();
+
+    // S = Q K^T
+    float s[kRowTiles][C::kScoreTiles][4] = {};
+#pragma unroll 1
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      uint32_t a[kRowTiles][4];
+#pragma unroll
+      for (int r = 0; r < kRowTiles; ++r) ldmatrix_x4(a[r], q_frag + QTile::offset(r * 16, kk * 16));
+#pragma unroll
+      for (int nt = 0; nt < C::kScoreTiles / 2; ++nt) {
+        uint32_t bk[4];
+        ldmatrix_x4(bk, k_frag + KVTile::offset(nt * 16, kk * 16));
+#pragma unroll
+        for (int r = 0; r < kRowTiles; ++r) {
+          mma_16816<T>(s[r][2 * nt], a[r], {bk[0], bk[1]});
+          mma_16816<T>(s[r][2 * nt + 1], a[r], {bk[2], bk[3]});
+        }
+      }
+    }
+    const int64_t j0 = int64_t(n) * kN;
+    const bool masked = !rule.block_unmasked(m0, kM, j0, kN);
+    if (rule.general || masked) {
+#pragma unroll
+      for (int r = 0; r < kRowTiles; ++r) forward_detail::score_rule(s[r], rule, tile_row0(r), j0, masked);
+    }
+
+    cp_async_wait<0>();
+    __syncthreads();  // V[n] has landed; every warp is done with K[n]
+    if (n > n_begin) {
+      load_keys(s_k, k_rows, p.k.row, p.k.data, n - 1);
+      cp_async_commit();
+    }
+
+#pragma unroll
+    for (int r = 0; r < kRowTiles; ++r) {
+      forward_detail::softmax_step(s[r], o[r], st.max[r], st.sum[r], rule.exp_scale);
+      if (drop.enabled()) forward_detail::apply_dropout(s[r], drop, batch_head, tile_row0(r), j0);
+    }
+
+    // O += P V
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk) {
+      uint32_t a[kRowTiles][4];
+#pragma unroll
+      for (int r = 0; r < kRowTiles; ++r) accumulators_to_a<T>(s[r][2 * kk], s[r][2 * kk + 1], a[r]);
+#pragma unroll
+      for (int dt = 0; dt < kD / 16; ++dt) {
+        uint32_t bv[4];
+        ldmatrix_x4_trans(bv, v_frag + KVTile::offset(kk * 16, dt * 16));
+#pragma unroll
+        for (int r = 0; r < kRowTiles; ++r) {
+          mma_16816<T>(o[r][2 * dt], a[r], {bv[0], bv[1]});
+          mma_16816<T>(o[r][2 * dt + 1], a[r], {bv[2], bv[3]});
+        }
+      }
+    }
+  }
+
+  // Epilogue: O / l (and / (1 - p) for dropout); lse = max + log(l); -inf and 0 for empty rows.
+  float lse[kRowTiles][2];
+#pragma unroll
+  for (int r = 0; r < kRowTiles; ++r)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float sum = quad_sum(st.sum[r][half]);
+      const bool empty = !(sum > 0.f);
+      const float inv = empty ? 0.f : p.dropout_inv_keep / sum;
+      lse[r][half] = empty ? -INFINITY : st.max[r][half] * rule.exp_scale * kLn2 + logf(sum);
+#pragma unroll
+      for (int dt = 0; dt < C::kOutTiles; ++dt) {
+        o[r][dt][2 * half] *= inv;
+        o[r][dt][2 * half + 1] *= inv;
+      }
+    }
+  const int g = lane / 4, t = lane % 4;
+
+  if (p.num_splits > 1) {  // fp32 partials straight from registers; the combine kernel finishes
+    const int64_t head_rows = (int64_t(split) * p.heads_q + h) * p.rows_q + seq.packed_q;
+#pragma unroll
+    for (int r = 0; r < kRowTiles; ++r)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t i = tile_row0(r) + g + half * 8;
+        if (i >= seq.seqlen_q) continue;
+        float* row = p.partial_out + (head_rows + i) * kD;
+#pragma unroll
+        for (int dt = 0; dt < C::kOutTiles; ++dt)
+          *reinterpret_cast<float2*>(row + dt * 8 + 2 * t) = make_float2(o[r][dt][2 * half], o[r][dt][2 * half + 1]);
+        if (t == 0) p.partial_lse[head_rows + i] = lse[r][half];
+      }
+    return;
+  }
+
+  if (t == 0 && p.lse) {
+#pragma unroll
+    for (int r = 0; r < kRowTiles; ++r)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t i = tile_row0(r) + g + half * 8;
+        if (i < seq.seqlen_q)
+          p.lse[int64_t(b) * p.lse_batch + int64_t(h) * p.lse_head + seq.q_start + i] = lse[r][half];
+      }
+  }
+  // O through the warp's own rows of the Q tile, then 16-byte coalesced stores.
+  constexpr int kWarpRows = 16 * kRowTiles;
+  unsigned char* s_out = smem + QTile::offset(warp_row, 0);
+#pragma unroll
+  for (int r = 0; r < kRowTiles; ++r)
+#pragma unroll
+    for (int dt = 0; dt < C::kOutTiles; ++dt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        *reinterpret_cast<uint32_t*>(s_out + QTile::offset(r * 16 + g + half * 8, dt * 8 + 2 * t)) =
+            pack2<T>(o[r][dt][2 * half], o[r][dt][2 * half + 1]);
+  __syncwarp();
+  Elem* out_rows = operand_row<Elem>(p.out, b, seq.q_start + m0 + warp_row, h);
+  constexpr int kChunks = kWarpRows * QTile::kChunksPerRow;
+#pragma unroll
+  for (int c = lane; c < kChunks; c += 32) {
+    const int row = c / QTile::kChunksPerRow, col = (c % QTile::kChunksPerRow) * 8;
+    if (m0 + warp_row + row < seq.seqlen_q && col < p.head_dim)
+      *reinterpret_cast<uint4*>(out_rows + row * p.out.row + col) =
+          *reinterpret_cast<const uint4*>(s_out + QTile::offset(row, col));
+  }
+}
+
+}  // namespace flashattn::cuda

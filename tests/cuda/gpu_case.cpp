@@ -1,0 +1,85 @@
+#include "cuda/gpu_case.h"
+
+#include <cuda_runtime.h>
+
+namespace flashattn::test {
+
+GpuCase::GpuCase(const Case& c) : host(c) {
+  q_ = mirror(host.q);
+  k_ = mirror(host.k);
+  v_ = mirror(host.v);
+  out_ = mirror(host.out);
+  lse_ = mirror(host.lse);
+  dout_ = mirror(host.dout);
+  dq_ = mirror(host.dq);
+  dk_ = mirror(host.dk);
+  dv_ = mirror(host.dv);
+  options_ = host.options;
+  if (host.options.alibi_slopes) {
+    alibi_ = mirror(host.alibi_slopes);
+    options_.alibi_slopes = &alibi_.view;
+  }
+  if (host.options.cu_seqlens_q) {
+    cu_q_ = mirror(host.cu_seqlens_q);
+    cu_k_ = mirror(host.cu_seqlens_k);
+    options_.cu_seqlens_q = &cu_q_.view;
+    options_.cu_seqlens_k = &cu_k_.view;
+  }
+  options_.backend = FLASHATTN_BACKEND_CUDA;
+}
+
+GpuCase::Mirror GpuCase::mirror(HostTensor& t) {
+  Mirror m;
+  m.host = &t;
+  m.device = std::make_unique<DeviceBuffer<uint8_t>>(t.storage_bytes());
+  cuda_check(cudaMemcpy(m.device->get(), t.data(), t.storage_bytes(), cudaMemcpyHostToDevice), "upload");
+  m.view = t.view_on(m.device->get(), FLASHATTN_DEVICE_CUDA, 0);
+  return m;
+}
+
+void GpuCase::download(Mirror& m) {
+  cuda_check(cudaMemcpy(m.host->data(), m.device->get(), m.host->storage_bytes(), cudaMemcpyDeviceToHost),
+             "download");
+}
+
+flashattn_status GpuCase::supported(Pass pass, std::string* message) const {
+  const flashattn_status s =
+      flashattn_supports(pass == Pass::forward ? FLASHATTN_PASS_FORWARD : FLASHATTN_PASS_BACKWARD, &q_.view, &k_.view,
+                         &v_.view, &options_);
+  *message = flashattn_last_error();
+  return s;
+}
+
+flashattn_status GpuCase::forward() {
+  const flashattn_status s = flashattn_forward(&q_.view, &k_.view, &v_.view, &out_.view, &lse_.view, &options_);
+  if (s != FLASHATTN_SUCCESS) return s;
+  cuda_check(cudaDeviceSynchronize(), "forward");
+  download(out_);
+  download(lse_);
+  return s;
+}
+
+flashattn_status GpuCase::backward() {
+  const flashattn_status s = flashattn_backward(&dout_.view, &q_.view, &k_.view, &v_.view, &out_.view, &lse_.view,
+                                                &dq_.view, &dk_.view, &dv_.view, &options_);
+  if (s != FLASHATTN_SUCCESS) return s;
+  cuda_check(cudaDeviceSynchronize(), "backward");
+  download(dq_);
+  download(dk_);
+  download(dv_);
+  return s;
+}
+
+std::vector<NamedCase> cuda_sweep(flashattn_dtype dtype) {
+  // 64 first (the default of the feature cases); 40 and 72 round up to 64 and 96.
+  const std::vector<int> head_dims{64, 40, 72, 96, 128, 192, 256};
+  std::vector<NamedCase> cases = feature_sweep(dtype, head_dims);
+  for (NamedCase& c : random_sweep(dtype, head_dims, 16, 11 + uint64_t(dtype))) cases.push_back(std::move(c));
+  for (NamedCase& c : cases) {
+    c.spec.backend = FLASHATTN_BACKEND_CUDA;
+    if (c.spec.row_pad) c.spec.row_pad = 8;  // padded rows, still 16-byte aligned
+  }
+  return cases;
+}
+
+}  // namespace flashattn::test

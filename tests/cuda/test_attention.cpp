@@ -1,0 +1,137 @@
+// The CUDA backend against the float64 oracle with the 2x-naive criterion over the shared sweep
+// (odd shapes, every mask, softcap, ALiBi, dropout, GQA, varlen with empty sequences), outputs
+// poisoned and checked written; split-key and single-pass forwards; determinism of the
+// deterministic backward. Skipped, saying so, without a GPU.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda/gpu_case.h"
+#include "reference/naive.h"
+#include "support/compare.h"
+
+namespace flashattn::test {
+namespace {
+
+std::string case_name(const ::testing::TestParamInfo<NamedCase>& info) { return info.param.name; }
+
+class CudaAttention : public ::testing::TestWithParam<NamedCase> {
+ protected:
+  void SetUp() override {
+    if (!gpu_present()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+  }
+  // True for what the CUDA backend rejects as unsupported (e.g. d != d_v), with its reason.
+  static bool unsupported(GpuCase& g, Pass pass, std::string* why) {
+    const flashattn_status s = g.supported(pass, why);
+    EXPECT_TRUE(s == FLASHATTN_SUCCESS || s == FLASHATTN_ERROR_UNSUPPORTED) << *why;
+    return s == FLASHATTN_ERROR_UNSUPPORTED;
+  }
+};
+
+TEST_P(CudaAttention, ForwardMatchesOracle) {
+  const Case& c = GetParam().spec;
+  GpuCase g(c);
+  std::string why;
+  if (unsupported(g, Pass::forward, &why)) GTEST_SKIP() << "unsupported by the cuda backend: " << why;
+  ASSERT_EQ(g.forward(), FLASHATTN_SUCCESS) << flashattn_last_error() << "\n" << c.describe();
+  const Params p = g.host.params(Pass::forward);
+  Check check = check_written(g.host, Pass::forward);
+  check += check_forward(g.host, p, reference::forward(p), reference::naive_forward(p));
+  EXPECT_TRUE(check.ok) << c.describe() << "\n" << check.message;
+}
+
+TEST_P(CudaAttention, BackwardMatchesOracle) {
+  const Case& c = GetParam().spec;
+  GpuCase g(c);
+  std::string why;
+  if (unsupported(g, Pass::backward, &why)) GTEST_SKIP() << "unsupported by the cuda backend: " << why;
+  ASSERT_EQ(g.forward(), FLASHATTN_SUCCESS) << flashattn_last_error() << "\n" << c.describe();
+  ASSERT_EQ(g.backward(), FLASHATTN_SUCCESS) << flashattn_last_error() << "\n" << c.describe();
+  const Params p = g.host.params(Pass::backward);
+  Check check = check_written(g.host, Pass::backward);
+  check += check_backward(g.host, p, reference::backward(p), reference::naive_backward(p));
+  EXPECT_TRUE(check.ok) << c.describe() << "\n" << check.message;
+}
+
+INSTANTIATE_TEST_SUITE_P(Float16, CudaAttention, ::testing::ValuesIn(cuda_sweep(FLASHATTN_DTYPE_FLOAT16)), case_name);
+INSTANTIATE_TEST_SUITE_P(Bfloat16, CudaAttention, ::testing::ValuesIn(cuda_sweep(FLASHATTN_DTYPE_BFLOAT16)), case_name);
+
+class CudaAttentionRuns : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!gpu_present()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+  }
+};
+
+Case dense_case(int batch, int heads, int seqlen, int head_dim, bool causal) {
+  Case c;
+  c.dtype = FLASHATTN_DTYPE_BFLOAT16;
+  c.batch = batch;
+  c.heads_q = c.heads_kv = heads;
+  c.seqlen_q = c.seqlen_k = seqlen;
+  c.head_dim = head_dim;
+  c.causal = causal;
+  c.backend = FLASHATTN_BACKEND_CUDA;
+  return c;
+}
+
+// Enough (batch, head, query tile) blocks to fill the GPU: one pass, no key split.
+TEST_F(CudaAttentionRuns, ForwardWithoutKeySplitMatchesOracle) {
+  for (bool causal : {false, true}) {
+    const Case c = dense_case(4, 32, 300, 64, causal);
+    GpuCase g(c);
+    ASSERT_EQ(g.forward(), FLASHATTN_SUCCESS) << flashattn_last_error();
+    const Params p = g.host.params(Pass::forward);
+    Check check = check_written(g.host, Pass::forward);
+    check += check_forward(g.host, p, reference::forward(p), reference::naive_forward(p));
+    EXPECT_TRUE(check.ok) << c.describe() << "\n" << check.message;
+  }
+}
+
+// The deterministic backward gives the same bits twice, and a correct result.
+TEST_F(CudaAttentionRuns, DeterministicBackwardIsBitIdentical) {
+  Case c = dense_case(1, 2, 700, 128, true);
+  c.heads_kv = 1;
+  GpuCase g(c);
+  g.set_deterministic(true);
+  ASSERT_EQ(g.forward(), FLASHATTN_SUCCESS) << flashattn_last_error();
+  ASSERT_EQ(g.backward(), FLASHATTN_SUCCESS) << flashattn_last_error();
+  const std::vector<uint8_t> dq = g.host.dq.bytes(), dk = g.host.dk.bytes(), dv = g.host.dv.bytes();
+  for (int run = 0; run < 3; ++run) {
+    g.host.poison_gradients();
+    ASSERT_EQ(g.backward(), FLASHATTN_SUCCESS) << flashattn_last_error();
+    EXPECT_TRUE(g.host.dq.bytes() == dq) << "dq differs in run " << run + 2;
+    EXPECT_TRUE(g.host.dk.bytes() == dk) << "dk differs in run " << run + 2;
+    EXPECT_TRUE(g.host.dv.bytes() == dv) << "dv differs in run " << run + 2;
+  }
+  const Params p = g.host.params(Pass::backward);
+  const Check check = check_backward(g.host, p, reference::backward(p), reference::naive_backward(p));
+  EXPECT_TRUE(check.ok) << c.describe() << "\n" << check.message;
+}
+
+// What the backend cannot run is refused with the argument named, before anything is written.
+TEST_F(CudaAttentionRuns, RejectsFloat32AndUnalignedStrides) {
+  Case c = dense_case(1, 2, 16, 64, false);
+  c.dtype = FLASHATTN_DTYPE_FLOAT32;
+  {
+    GpuCase g(c);
+    std::string why;
+    EXPECT_EQ(g.supported(Pass::forward, &why), FLASHATTN_ERROR_UNSUPPORTED);
+    EXPECT_NE(why.find("float32"), std::string::npos) << why;
+  }
+  c.dtype = FLASHATTN_DTYPE_FLOAT16;
+  c.row_pad = 3;
+  {
+    GpuCase g(c);
+    std::string why;
+    EXPECT_EQ(g.supported(Pass::forward, &why), FLASHATTN_ERROR_UNSUPPORTED);
+    EXPECT_NE(why.find("stride"), std::string::npos) << why;
+    EXPECT_EQ(g.forward(), FLASHATTN_ERROR_UNSUPPORTED);
+    EXPECT_EQ(g.host.out.unwritten_elements().empty(), false) << "out was written by a refused call";
+  }
+}
+
+}  // namespace
+}  // namespace flashattn::test
