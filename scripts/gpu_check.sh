@@ -31,7 +31,8 @@ step configure configure.log cmake -S "$root" -B "$build" -G Ninja -DFLASHATTN_C
   -DFLASHATTN_CUDA_ARCHS="$arch" -DFLASHATTN_BUILD_PYTHON=OFF
 step build build.log cmake --build "$build" -j "$(nproc)"
 step cuda_tests cuda_tests.log "$build/tests/cuda/flashattn_cuda_tests"
-step cpu_tests cpu_tests.log "$build/tests/flashattn_tests"
+step bench bench.log env PYTHONUNBUFFERED=1 python3 "$root/bench/bench_cuda.py" --library "$build/libflashattn.so" \
+  --markdown "$out/bench.md" --jsonl "$out/bench.jsonl" $quick
 
 # Sanitizers on a subset: primitives, one case per feature family, both passes, split and not.
 subset='CudaPrimitives.*:*CudaAttention.*/square_17:*CudaAttention.*/causal_more_queries:*CudaAttention.*/varlen_with_empty_sequences:*CudaAttention.*/everything:*CudaAttention.*/head_dim_256:CudaAttentionRuns.Deterministic*'
@@ -43,9 +44,8 @@ if command -v compute-sanitizer >/dev/null; then
 else
   summary+=("sanitizers: compute-sanitizer not found")
 fi
+step cpu_tests cpu_tests.log "$build/tests/flashattn_tests"
 
-step bench bench.log env PYTHONUNBUFFERED=1 python3 "$root/bench/bench_cuda.py" --library "$build/libflashattn.so" \
-  --markdown "$out/bench.md" --jsonl "$out/bench.jsonl" $quick
 
 grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$out/cuda_tests.log" | head -20
 grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/memcheck.log" "$out/racecheck.log" 2>/dev/null
