@@ -18,7 +18,7 @@ inline const std::vector<int>& cpu_head_dims() {
 
 inline std::vector<NamedCase> cpu_sweep(flashattn_dtype dtype) {
   std::vector<NamedCase> cases = feature_sweep(dtype, cpu_head_dims());
-  for (NamedCase& c : random_sweep(dtype, cpu_head_dims(), 16, 7 + uint64_t(dtype))) cases.push_back(std::move(c));
+  for (NamedCase& c : random_sweep(dtype, cpu_head_dims(), 24, 7 + uint64_t(dtype))) cases.push_back(std::move(c));
   for (NamedCase& c : cases) c.spec.backend = FLASHATTN_BACKEND_CPU;
   return cases;
 }

@@ -55,10 +55,18 @@ std::vector<NamedCase> feature_sweep(flashattn_dtype t, const std::vector<int>& 
   s.push_back({"decode_1_by_1000_mqa", causal(dense(t, d, 1, 4, 1, 1, 1000))});
   s.push_back({"long_1000_causal", causal(dense(t, d, 1, 1, 1, 1000, 1000))});
   s.push_back({"long_1000_window", with_window(dense(t, d, 1, 2, 1, 1000, 1000), 200, 50)});
+  s.push_back({"queries_17_keys_1000", dense(t, d, 1, 2, 1, 17, 1000)});
+  s.push_back({"queries_1000_keys_17_causal", causal(dense(t, d, 1, 2, 1, 1000, 17))});
   s.push_back({"more_queries_than_keys", dense(t, d, 2, 2, 2, 129, 65)});
   s.push_back({"fewer_queries_than_keys", dense(t, d, 2, 2, 2, 63, 200)});
   s.push_back({"no_queries", dense(t, d, 2, 2, 1, 0, 10)});
   s.push_back({"no_keys", dense(t, d, 2, 2, 1, 10, 0)});
+  // Decoding: few query rows over thousands of keys, where kernels split the keys.
+  Case decode = with_dropout(causal(dense(t, d, 1, 2, 1, 3, 4500)), 0.1f, 31);
+  decode.softcap = 5.f;
+  decode.alibi = Alibi::per_head;
+  s.push_back({"decode_long_keys_every_feature", decode});
+  s.push_back({"decode_long_keys_window", with_window(dense(t, d, 2, 1, 1, 1, 5000), 700, 0)});
   // Masks.
   s.push_back({"causal_more_queries", causal(dense(t, d, 2, 2, 2, 130, 77))});  // rows 0..52 see nothing
   s.push_back({"causal_fewer_queries", causal(dense(t, d, 2, 2, 2, 77, 130))});
