@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <utility>
 #include <vector>
 
@@ -84,6 +85,18 @@ DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept : data_(std::exchange(
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   std::swap(data_, other.data_);
   return *this;
+}
+
+void WorkspaceBuffer::Free::operator()(void* p) const { std::free(p); }
+
+WorkspaceBuffer::WorkspaceBuffer(size_t bytes, bool on_cuda) : on_cuda_(on_cuda) {
+  if (bytes == 0) return;
+  if (on_cuda) {
+    device_ = DeviceBuffer(bytes);
+    return;
+  }
+  host_.reset(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+  if (!host_) fail("could not allocate ", bytes, " bytes of host memory for the workspace");
 }
 
 Timing measure(const std::function<void()>& fn, bool on_cuda, int repeat) {

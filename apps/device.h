@@ -28,6 +28,22 @@ class DeviceBuffer {
   void* data_ = nullptr;
 };
 
+// Scratch memory for the library's workspace: 64-byte aligned host memory, or device memory.
+class WorkspaceBuffer {
+ public:
+  WorkspaceBuffer() = default;
+  WorkspaceBuffer(size_t bytes, bool on_cuda);
+  void* data() const { return on_cuda_ ? device_.data() : host_.get(); }
+
+ private:
+  struct Free {
+    void operator()(void* p) const;
+  };
+  bool on_cuda_ = false;
+  std::unique_ptr<void, Free> host_;
+  DeviceBuffer device_;
+};
+
 // True when the CUDA backend was compiled in and a device is present.
 bool cuda_backend_present();
 

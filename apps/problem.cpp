@@ -166,6 +166,7 @@ Problem::Problem(const ProblemSpec& spec, flashattn_backend backend, int threads
   options_.backend = backend_;
   options_.num_threads = threads;
   query_workspaces();  // validates everything before a byte is allocated
+  workspace_ = WorkspaceBuffer(std::max(forward_workspace_, backward_workspace_), on_cuda());
 
   for (Tensor* t : {&q_, &k_, &v_, &out_, &lse_}) allocate(*t);
   if (with_backward_)
@@ -254,11 +255,18 @@ void Problem::fetch(Tensor& t) {
   if (on_cuda()) t.device.download(t.host.data(), t.bytes());
 }
 
+void Problem::use_workspace(size_t bytes) {
+  options_.workspace = bytes > 0 ? workspace_.data() : nullptr;
+  options_.workspace_size = bytes;
+}
+
 void Problem::forward() {
+  use_workspace(forward_workspace_);
   require_ok(flashattn_forward(&q_.desc, &k_.desc, &v_.desc, &out_.desc, &lse_.desc, &options_), "flashattn_forward");
 }
 
 void Problem::backward() {
+  use_workspace(backward_workspace_);
   require_ok(flashattn_backward(&dout_.desc, &q_.desc, &k_.desc, &v_.desc, &out_.desc, &lse_.desc, &dq_.desc,
                                 &dk_.desc, &dv_.desc, &options_),
              "flashattn_backward");

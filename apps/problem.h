@@ -54,7 +54,8 @@ class Problem {
   const ProblemSpec& spec() const { return spec_; }
   flashattn_backend backend() const { return backend_; }
   bool on_cuda() const { return backend_ == FLASHATTN_BACKEND_CUDA; }
-  // Extra memory of each pass: all the library allocates besides inputs and outputs.
+  // Extra memory of each pass: all the library uses besides inputs and outputs, handed to it
+  // as a workspace that is allocated once.
   size_t forward_workspace_bytes() const { return forward_workspace_; }
   size_t backward_workspace_bytes() const { return backward_workspace_; }
 
@@ -84,6 +85,7 @@ class Problem {
 
   void describe_tensors();
   void query_workspaces();
+  void use_workspace(size_t bytes);
   void allocate(Tensor& t);
   void fill_random(Tensor& t, uint64_t stream);
   void upload(Tensor& t);
@@ -96,6 +98,7 @@ class Problem {
   Tensor q_, k_, v_, out_, lse_, dout_, dq_, dk_, dv_, cu_q_, cu_k_, alibi_;
   flashattn_options options_{};
   size_t forward_workspace_ = 0, backward_workspace_ = 0;
+  WorkspaceBuffer workspace_;  // the larger of the two
 };
 
 }  // namespace flashattn::cli
