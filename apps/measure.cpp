@@ -14,7 +14,7 @@ std::string sampled_rows_note(const OracleRows& oracle) {
   return "out, " + std::to_string(oracle.rows.size()) + " sampled rows";
 }
 
-const char* kSliceNote = "dq, dk, dv of kv head 0 and its query heads, sequence 0";
+constexpr const char* kSliceNote = "dq, dk, dv of kv head 0 and its query heads, sequence 0";
 
 std::string skipped_gradient_note(double cost) {
   std::ostringstream s;
@@ -31,7 +31,9 @@ PassResult measure_forward(Problem& problem, const MeasureSettings& settings, Or
   r.pass = Pass::forward;
   r.flops = forward_flops(problem.spec());
   r.extra_bytes = problem.forward_workspace_bytes();
-  r.ms = measure([&] { problem.forward(); }, problem.on_cuda(), settings.repeat).ms;
+  const Timing t = measure([&] { problem.forward(); }, problem.on_cuda(), settings.repeat);
+  r.ms = t.ms;
+  r.runs = t.runs;
   problem.fetch_outputs();
   const Params p = problem.host_params(Pass::forward);
   *oracle = oracle_rows(p, kSampledRows, settings.seed, settings.threads);
@@ -46,7 +48,9 @@ PassResult measure_backward(Problem& problem, const MeasureSettings& settings,
   r.pass = Pass::backward;
   r.flops = backward_flops(problem.spec());
   r.extra_bytes = problem.backward_workspace_bytes();
-  r.ms = measure([&] { problem.backward(); }, problem.on_cuda(), settings.repeat).ms;
+  const Timing t = measure([&] { problem.backward(); }, problem.on_cuda(), settings.repeat);
+  r.ms = t.ms;
+  r.runs = t.runs;
   problem.fetch_gradients();
   const Params p = problem.host_params(Pass::backward);
   const double cost = gradient_slice_cost(p);
@@ -71,7 +75,9 @@ NaiveResult measure_naive_forward(const Problem& problem, const MeasureSettings&
   r.pass = Pass::forward;
   r.flops = forward_flops(problem.spec());
   r.extra_bytes = n.footprint.total_bytes;
-  r.ms = measure([&] { naive_forward(p, settings.threads); }, false, settings.repeat).ms;
+  const Timing t = measure([&] { naive_forward(p, settings.threads); }, false, settings.repeat);
+  r.ms = t.ms;
+  r.runs = t.runs;
   r.max_error = sampled_out_error(p, oracle).max_error;
   r.checked = sampled_rows_note(oracle);
   n.pass = r;
@@ -89,7 +95,9 @@ NaiveResult measure_naive_backward(const Problem& problem, const MeasureSettings
   r.pass = Pass::backward;
   r.flops = backward_flops(problem.spec());
   r.extra_bytes = n.footprint.total_bytes;
-  r.ms = measure([&] { naive_backward(p, settings.threads); }, false, settings.repeat).ms;
+  const Timing t = measure([&] { naive_backward(p, settings.threads); }, false, settings.repeat);
+  r.ms = t.ms;
+  r.runs = t.runs;
   if (slice) {
     r.max_error = gradient_slice_errors(p, *slice).combined().max_error;
     r.checked = kSliceNote;

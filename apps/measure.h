@@ -20,7 +20,8 @@ struct MeasureSettings {
 
 struct PassResult {
   Pass pass = Pass::forward;
-  double ms = 0;
+  double ms = 0;  // median of `runs` timed runs
+  int runs = 0;
   double flops = 0;
   size_t extra_bytes = 0;
   std::optional<double> max_error;  // empty: not checked

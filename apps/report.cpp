@@ -103,7 +103,7 @@ std::string json_line(const std::string& backend, const ProblemSpec& s, const Pa
     << ",\"heads_kv\":" << s.heads_kv << ",\"seqlen_q\":" << s.seqlen_q << ",\"seqlen_k\":" << s.seqlen_k
     << ",\"head_dim\":" << s.head_dim << ",\"causal\":" << (s.causal ? "true" : "false") << ",\"window\":["
     << window_text(s) << "],\"softcap\":" << json_number(s.softcap) << ",\"alibi\":" << (s.alibi ? "true" : "false")
-    << ",\"dropout\":" << json_number(s.dropout) << ",\"ms\":" << json_number(r.ms)
+    << ",\"dropout\":" << json_number(s.dropout) << ",\"ms\":" << json_number(r.ms) << ",\"runs\":" << r.runs
     << ",\"tflops\":" << json_number(r.gflops() / 1e3) << ",\"peak_extra_bytes\":" << r.extra_bytes
     << ",\"max_error\":" << json_optional(r.max_error) << ",\"checked\":" << json_string(r.checked);
   if (naive) {
