@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "core/semantics.h"
 #include "cpu_cases.h"
 #include "reference/naive.h"
 #include "support/compare.h"
@@ -99,5 +100,34 @@ TEST(CpuBackwardDeterminism, RepeatedRunsAndThreadCountsAreBitIdentical) {
     ASSERT_EQ(one.backward(), FLASHATTN_SUCCESS) << flashattn_last_error();
     EXPECT_TRUE(one.dq.bytes() == dq && one.dk.bytes() == dk && one.dv.bytes() == dv)
         << "1 thread differs from 2: " << c.describe();
+  }
+}
+
+// With dO zero except row r (all ones there), dV[j] = P~_rj: zero exactly where the backward's
+// redrawn keep decision drops (b, h, r, j), so the redraw must match the shared Philox mask.
+TEST(CpuBackwardDropout, RedrawsTheSameKeepMask) {
+  Case c;
+  c.batch = 2;
+  c.heads_q = c.heads_kv = 3;
+  c.seqlen_q = 4;
+  c.seqlen_k = 200;
+  c.head_dim = 8;
+  c.dropout_p = 0.5f;
+  c.dropout_seed = 0xFEEDull << 32 | 77;
+  c.dropout_offset = 9;
+  const auto drop = semantics::Dropout::make(c.dropout_p, c.dropout_seed, c.dropout_offset);
+  for (int r : {0, 3}) {
+    CaseData data(c);
+    data.dout.fill(0.f);
+    for (int b = 0; b < 2; ++b)
+      for (int h = 0; h < 3; ++h)
+        for (int x = 0; x < 8; ++x) data.dout.set({b, r, h, x}, 1.f);
+    ASSERT_EQ(data.forward(), FLASHATTN_SUCCESS) << flashattn_last_error();
+    ASSERT_EQ(data.backward(), FLASHATTN_SUCCESS) << flashattn_last_error();
+    for (int b = 0; b < 2; ++b)
+      for (int h = 0; h < 3; ++h)
+        for (int j = 0; j < 200; ++j)
+          ASSERT_EQ(data.dv.at({b, j, h, 0}) != 0.f, drop.keep(b * 3 + h, r, j))
+              << "b=" << b << " h=" << h << " row=" << r << " j=" << j;
   }
 }

@@ -118,3 +118,21 @@ TEST(CpuForwardDeterminism, RepeatedRunsAndThreadCountsAreBitIdentical) {
     EXPECT_EQ(one.lse.bytes(), lse) << "1 thread differs from 2: " << c.describe();
   }
 }
+
+TEST(CpuForwardLse, IsOptionalAndDoesNotChangeTheOutput) {
+  Case c;
+  c.batch = 2;
+  c.heads_q = 4;
+  c.heads_kv = 1;
+  c.seqlen_q = 100;
+  c.seqlen_k = 150;
+  c.head_dim = 40;
+  c.causal = true;
+  CaseData with_lse(c), without(c);
+  ASSERT_EQ(with_lse.forward(), FLASHATTN_SUCCESS) << flashattn_last_error();
+  ASSERT_EQ(flashattn_forward(without.q.desc(), without.k.desc(), without.v.desc(), without.out.desc(), nullptr,
+                              &without.options),
+            FLASHATTN_SUCCESS)
+      << flashattn_last_error();
+  EXPECT_TRUE(with_lse.out.bytes() == without.out.bytes());
+}

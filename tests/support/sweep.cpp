@@ -98,7 +98,9 @@ std::vector<NamedCase> feature_sweep(flashattn_dtype t, const std::vector<int>& 
   s.push_back({"mqa_causal", causal(dense(t, d, 1, 6, 1, 70, 130))});
   // Variable length.
   s.push_back({"varlen_with_empty_sequences", causal(varlen(t, d, 4, 2, {0, 17, 65, 3, 100}, {5, 0, 130, 3, 64}))});
-  s.push_back({"varlen_window", with_window(varlen(t, d, 2, 2, {1, 64, 129}, {200, 64, 1}), 16, 16)});
+  Case varlen_bhsd = with_window(varlen(t, d, 2, 2, {1, 64, 129}, {200, 64, 1}), 16, 16);
+  varlen_bhsd.layout = Layout::bhsd;
+  s.push_back({"varlen_window_bhsd", varlen_bhsd});
   // Dropout.
   s.push_back({"dropout", with_dropout(dense(t, d, 1, 2, 2, 100, 100), 0.1f, 1234)});
   s.push_back({"dropout_causal_gqa", with_dropout(causal(dense(t, d, 2, 4, 2, 90, 140)), 0.3f, 77, 7)});
