@@ -9,7 +9,7 @@
 // Each warp owns 16 keys. With d_split = 2 a pair of warps shares 16 keys: each computes S^T for
 // half of the query rows and dK/dV for half of the head dim, exchanging P and dS in shared memory.
 // Deterministic mode: the grid holds one block per dq_accum copy and each block walks its key
-// blocks in order, so every dq_accum address has a single writer in a fixed order.
+// blocks in a fixed order, so every dq_accum address has a single writer in a fixed order.
 #pragma once
 
 #include <cmath>
@@ -95,7 +95,12 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD>::kThreads, 1)
   float* dq_accum = p.dq_accum + (p.dq_copies > 1 ? int64_t(blockIdx.x) * p.rows_q * p.heads_q * kD : 0);
   const semantics::Dropout drop{p.dropout_threshold, p.dropout_inv_keep, p.dropout_seed, p.dropout_offset};
 
-  for (int n = blockIdx.x; n < n_blocks; n += gridDim.x) {
+  // Deterministic mode: block c of G walks key blocks c, 2G-1-c, 2G+c, 4G-1-c, ... so that under a
+  // causal mask (early keys see the most queries) every copy gets a similar share of the work.
+  const int copies = gridDim.x, copy = blockIdx.x;
+  for (int base = 0; base < n_blocks; base += copies) {
+    const int n = (base / copies) % 2 == 0 ? base + copy : base + copies - 1 - copy;
+    if (n >= n_blocks) continue;
     const int64_t j0 = int64_t(n) * kN;
     const int keys_valid = int(min(int64_t(kN), int64_t(seq.seqlen_k) - j0));
     // Query blocks that see keys [j0, j0 + keys_valid): the same for every head of the group.
@@ -122,7 +127,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD>::kThreads, 1)
     };
 
     // K and V of this block; the first step's query side joins the same group.
-    if (n != int(blockIdx.x)) __syncthreads();  // the previous key block is done with K and V
+    if (base > 0) __syncthreads();  // the previous key block is done with K and V
     if (walk.steps() > 0) {
       load_tile_async<Elem, KTile, C::kThreads>(s_k, k_rows + j0 * p.k.row, p.k.row, keys_valid, p.head_dim, p.k.data);
       load_tile_async<Elem, KTile, C::kThreads>(s_v, v_rows + j0 * p.v.row, p.v.row, keys_valid, p.head_dim, p.v.data);
