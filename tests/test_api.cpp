@@ -198,7 +198,9 @@ TEST(Supports, AgreesWithTheForwardCall) {
     EXPECT_EQ(supported_message, ran_message) << var.name;
     EXPECT_EQ(selected, ran) << var.name;
     EXPECT_EQ(selected_message, ran_message) << var.name;
-    if (ran == FLASHATTN_SUCCESS) EXPECT_EQ(chosen, FLASHATTN_BACKEND_CPU) << var.name;
+    if (ran == FLASHATTN_SUCCESS) {
+      EXPECT_EQ(chosen, FLASHATTN_BACKEND_CPU) << var.name;
+    }
   }
 }
 
@@ -245,7 +247,9 @@ TEST(Workspace, CallerProvidedWorkspaceOfTheQueriedSize) {
     CaseData own(small_case()), given(small_case());
     ASSERT_EQ(own.forward(), FLASHATTN_SUCCESS) << last_error();
     ASSERT_EQ(given.forward(), FLASHATTN_SUCCESS) << last_error();
-    if (pass == Pass::backward) ASSERT_EQ(own.backward(), FLASHATTN_SUCCESS) << last_error();
+    if (pass == Pass::backward) {
+      ASSERT_EQ(own.backward(), FLASHATTN_SUCCESS) << last_error();
+    }
     const size_t bytes = pass == Pass::forward ? forward_workspace(given) : backward_workspace(given);
     ASSERT_GT(bytes, 0u) << pass_name;
 

@@ -68,7 +68,9 @@ void check_decoding(const Format& f) {
   for (uint32_t h = 0; h <= 0xFFFF; ++h) {
     const double expected = decode_reference(f, uint16_t(h));
     ASSERT_TRUE(same(f.decode(uint16_t(h)), expected)) << f.name << " 0x" << std::hex << h;
-    if (!std::isnan(expected)) ASSERT_EQ(f.encode(f.decode(uint16_t(h))), h) << f.name << " round trip 0x" << std::hex << h;
+    if (!std::isnan(expected)) {
+      ASSERT_EQ(f.encode(f.decode(uint16_t(h))), h) << f.name << " round trip 0x" << std::hex << h;
+    }
   }
 }
 

@@ -158,9 +158,10 @@ TEST(OracleClosedForm, FullyMaskedRowsGiveZeroAndMinusInfinity) {
     const bool masked = i < 3;
     EXPECT_EQ(r.lse[lse_index(c, i, 0)] == kNegInf, masked) << "i=" << i;
     for (int x = 0; x < 3; ++x) {
-      if (masked) EXPECT_EQ(r.out[out_index(c, i, 0, x)], 0.0) << "i=" << i;
-      if (masked) EXPECT_EQ(r.dq[size_t(i * 3 + x)], 0.0) << "i=" << i;
       EXPECT_FALSE(std::isnan(r.out[out_index(c, i, 0, x)]));
+      if (!masked) continue;
+      EXPECT_EQ(r.out[out_index(c, i, 0, x)], 0.0) << "i=" << i;
+      EXPECT_EQ(r.dq[size_t(i * 3 + x)], 0.0) << "i=" << i;
     }
   }
 }
