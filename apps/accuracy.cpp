@@ -69,7 +69,6 @@ void ErrorStat::merge(const ErrorStat& other) {
   }
 }
 
-double error_floor(DType dtype) { return dtype == DType::f32 ? 1e-6 : 1e-4; }
 
 ErrorStat packed_error(const std::vector<double>& got, const std::vector<double>& want, const char* name) {
   ErrorStat e;

@@ -2,6 +2,8 @@
 // head group (when the oracle can afford it), or on every element (check's small problems).
 #pragma once
 
+#include "reference/criterion.h"
+
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -24,10 +26,8 @@ struct ErrorStat {
   void merge(const ErrorStat& other);
 };
 
-// FlashAttention's correctness criterion: a result passes when its largest error against the
-// oracle is at most twice that of a naive implementation in the same dtype
-// (reference/naive.h) plus this floor, which lets exact-zero cases pass.
-double error_floor(DType dtype);  // 1e-6 for float32, 1e-4 for the 16-bit types
+// FlashAttention's correctness criterion (reference/criterion.h).
+using reference::error_floor;
 inline double error_bound(const ErrorStat& naive, double floor) { return 2 * naive.max_error + floor; }
 
 struct RowSample {

@@ -1,5 +1,7 @@
 #include "support/compare.h"
 
+#include "reference/criterion.h"
+
 #include <algorithm>
 #include <cmath>
 #include <sstream>
@@ -98,7 +100,7 @@ Check& Check::operator+=(const Check& other) {
   return *this;
 }
 
-double error_floor(flashattn_dtype dtype) { return dtype == FLASHATTN_DTYPE_FLOAT32 ? 1e-5 : 1e-4; }
+double error_floor(flashattn_dtype dtype) { return reference::error_floor(DType(dtype)); }
 
 Check within_twice_naive(const std::string& name, const std::vector<double>& got, const std::vector<double>& oracle,
                          const std::vector<double>& naive, double floor, const PackedLayout& where) {
