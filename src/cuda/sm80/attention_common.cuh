@@ -50,14 +50,19 @@ struct ScoreRule {
   float exp_scale = 1.f;
   bool general = false;
 
+  // True when scores need transform(): softcap, ALiBi, or a non-positive scale (which would turn
+  // the max of raw products into the min of scores).
+  __host__ __device__ static bool is_general(const KernelParams& p) {
+    return p.softcap > 0.f || p.alibi_slopes != nullptr || !(p.scale > 0.f);
+  }
+
   __device__ static ScoreRule make(const KernelParams& p, const Sequence& s, int b, int h) {
     ScoreRule r;
     r.window = semantics::Window{p.window_left, p.window_right, s.seqlen_q, s.seqlen_k};
     r.scale = p.scale;
     r.softcap = p.softcap;
     r.alibi_slope = p.alibi_slopes ? p.alibi_slopes[int64_t(b) * p.alibi_batch + h] : 0.f;
-    // A non-positive scale would turn the max of raw products into the min of scores.
-    r.general = p.softcap > 0.f || p.alibi_slopes != nullptr || !(p.scale > 0.f);
+    r.general = is_general(p);
     r.exp_scale = r.general ? 1.f : p.scale * kLog2e;
     return r;
   }
@@ -77,22 +82,41 @@ struct ScoreRule {
   }
 };
 
-// Copies rows [row0, row0 + Tile::kRows) of a head into a shared tile with cp.async; rows at or
-// past `rows_valid` and columns at or past `cols_valid` become zeros.
+constexpr int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
+
+// How kThreads threads share the 16-byte chunks of a tile: each row is split among
+// kThreadsPerRow neighbouring threads (so a row's reads coalesce), and a thread copies
+// kColumnChunks chunks at fixed columns of rows kRowStep apart. Its source address then only
+// moves by constant steps, which keeps the copy to a few registers and no branches.
+template <typename Tile, int kThreads>
+struct TileCopyPlan {
+  static constexpr int kThreadsPerRow = gcd(Tile::kChunksPerRow, kThreads);
+  static constexpr int kColumnChunks = Tile::kChunksPerRow / kThreadsPerRow;
+  static constexpr int kRowStep = kThreads / kThreadsPerRow;
+  static constexpr int kPasses = Tile::kRows / kRowStep;
+  static_assert(Tile::kRows % kRowStep == 0, "the threads must cover the tile's rows in whole passes");
+};
+
+// Copies rows [0, Tile::kRows) starting at `first_row` into a shared tile with cp.async; rows at
+// or past `rows_valid` and columns at or past `cols_valid` become zeros.
 template <typename T, typename Tile, int kThreads>
 __device__ __forceinline__ void load_tile_async(uint32_t smem_tile, const T* first_row, int64_t row_stride,
                                                 int rows_valid, int cols_valid, const void* any_valid) {
-  constexpr int kChunks = Tile::kRows * Tile::kChunksPerRow;
-  // Not unrolled: unrolled, the compiler keeps every chunk's address live across the caller's
-  // loop, which costs dozens of registers the mma accumulators need.
-#pragma unroll 1
-  for (int it = 0; it < (kChunks + kThreads - 1) / kThreads; ++it) {
-    const int c = int(threadIdx.x) + it * kThreads;
-    if (kChunks % kThreads != 0 && c >= kChunks) break;
-    const int row = c / Tile::kChunksPerRow, col = (c % Tile::kChunksPerRow) * 8;
-    const bool valid = row < rows_valid && col < cols_valid;
-    const void* src = valid ? static_cast<const void*>(first_row + row * row_stride + col) : any_valid;
-    cp_async_16(smem_tile + Tile::offset(row, col), src, valid);
+  using Plan = TileCopyPlan<Tile, kThreads>;
+  const int row0 = int(threadIdx.x) / Plan::kThreadsPerRow;
+  const int col0 = (int(threadIdx.x) % Plan::kThreadsPerRow) * 8;
+  const T* src = first_row + row0 * row_stride + col0;
+  const uint32_t dst = smem_tile + Tile::offset(row0, col0);
+#pragma unroll
+  for (int pass = 0; pass < Plan::kPasses; ++pass) {
+#pragma unroll
+    for (int c = 0; c < Plan::kColumnChunks; ++c) {
+      const int dcol = c * Plan::kThreadsPerRow * 8;
+      const bool valid = row0 + pass * Plan::kRowStep < rows_valid && col0 + dcol < cols_valid;
+      cp_async_16(dst + Tile::offset(pass * Plan::kRowStep, dcol), valid ? static_cast<const void*>(src + dcol) : any_valid,
+                  valid);
+    }
+    src += Plan::kRowStep * row_stride;
   }
 }
 

@@ -59,7 +59,9 @@ struct Walk {
 
 }  // namespace backward_detail
 
-template <typename T, int kD>
+// Dropout and general scores (ScoreRule::is_general) are template parameters, so the common
+// variant carries none of their code and none of their registers.
+template <typename T, int kD, bool kDropout, bool kGeneral>
 __global__ void __launch_bounds__(BackwardConfig<T, kD>::kThreads, 1)
     backward_kernel(const __grid_constant__ KernelParams p) {
   using C = BackwardConfig<T, kD>;
@@ -179,30 +181,37 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD>::kThreads, 1)
       const ScoreRule rule = ScoreRule::make(p, seq, b, h);
       const bool masked = !rule.block_unmasked(m0, kM, j0, kN) || m0 + kM > seq.seqlen_q;
       const int64_t batch_head = int64_t(b) * p.heads_q + h;
+      const float exp_scale = kGeneral ? 1.f : rule.exp_scale;
 #pragma unroll
       for (int qt = 0; qt < C::kQueryTiles; ++qt)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const int q_local = query0 + qt * 8 + 2 * t + c;
-          const int64_t i = m0 + q_local;
+          const int i = m0 + q_local;
           const float row_lse2 = lse2[q_local], row_delta = delta[q_local];
+          // Visible keys of row i, in 32 bits (empty past the last query).
+          int first_key = 0, last_key = -1;
+          if (masked && i < seq.seqlen_q) {
+            first_key = int(rule.window.first_key(i));
+            last_key = int(max(rule.window.last_key(i), int64_t(-1)));
+          }
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
-            const int64_t j = j0 + key_group * 16 + g + half * 8;
+            const int j = int(j0) + key_group * 16 + g + half * 8;
             float& s = st[qt][2 * half + c];
             float& dp = dpt[qt][2 * half + c];
             float cap_grad = 1.f;
-            if (rule.general) {
+            if (kGeneral) {
               if (rule.softcap > 0.f) {
                 const float th = tanhf(rule.scale * s / rule.softcap);
                 cap_grad = 1.f - th * th;
               }
               s = rule.transform(s, i, j);
             }
-            if (masked && !(i < seq.seqlen_q && rule.window.visible(i, j))) s = -INFINITY;
-            const float prob = fast_exp2(fmaf(s, rule.exp_scale, -row_lse2));
+            if (masked && (j < first_key || j > last_key)) s = -INFINITY;
+            const float prob = fast_exp2(fmaf(s, exp_scale, -row_lse2));
             float z = 1.f;
-            if (drop.enabled()) z = drop.keep(batch_head, i, j) ? drop.inv_keep : 0.f;
+            if (kDropout) z = drop.keep(batch_head, i, j) ? drop.inv_keep : 0.f;
             s = prob * z;
             dp = prob * (z * dp - row_delta) * cap_grad;
           }

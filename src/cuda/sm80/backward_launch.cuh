@@ -7,10 +7,16 @@
 
 namespace flashattn::cuda {
 
+template <typename T, int kD, bool kDropout>
+auto backward_kernel_for(const KernelParams& p) {
+  return ScoreRule::is_general(p) ? backward_kernel<T, kD, kDropout, true> : backward_kernel<T, kD, kDropout, false>;
+}
+
 template <typename T, int kD>
 Status launch_backward(const KernelParams& p, cudaStream_t stream) {
   using C = BackwardConfig<T, kD>;
-  const auto kernel = backward_kernel<T, kD>;
+  const auto kernel =
+      p.dropout_threshold != 0 ? backward_kernel_for<T, kD, true>(p) : backward_kernel_for<T, kD, false>(p);
   FA_TRY(device_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes),
                        "cudaFuncSetAttribute(backward_kernel)"));
   FA_TRY(launch_backward_prepare<T>(p, kD, stream));

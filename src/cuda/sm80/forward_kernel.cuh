@@ -54,10 +54,10 @@ namespace forward_detail {
 
 constexpr float kNegInf = -INFINITY;
 
-// Scores of a 16 x kN tile after S = Q K^T: transform (general rules) and mask.
+// General scores of a 16 x kN tile after S = Q K^T: raw q.k -> log2-domain transformed score.
 template <int kTiles>
-__device__ __forceinline__ void score_rule(float (&s)[kTiles][4], const ScoreRule& rule, int64_t row0,
-                                           int64_t j0, bool masked) {
+__device__ __forceinline__ void transform_scores(float (&s)[kTiles][4], const ScoreRule& rule, int64_t row0,
+                                                 int64_t j0) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int nt = 0; nt < kTiles; ++nt)
@@ -65,9 +65,29 @@ __device__ __forceinline__ void score_rule(float (&s)[kTiles][4], const ScoreRul
     for (int e = 0; e < 4; ++e) {
       const int64_t i = row0 + lane / 4 + (e / 2) * 8;
       const int64_t j = j0 + nt * 8 + (lane % 4) * 2 + (e % 2);
-      if (rule.general) s[nt][e] = rule.transform(s[nt][e], i, j);
-      if (masked && !rule.window.visible(i, j)) s[nt][e] = kNegInf;
+      s[nt][e] = rule.transform(s[nt][e], i, j);
     }
+}
+
+// Masks a 16 x kN score tile: key j of row i stays iff first_key(i) <= j <= last_key(i). The
+// bounds are derived here, in 32 bits, so that nothing of the mask stays live across the key loop.
+template <int kTiles>
+__device__ __forceinline__ void apply_mask(float (&s)[kTiles][4], const semantics::Window& window, int row0,
+                                           int j0) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t i = row0 + lane / 4 + half * 8;
+    const int first = int(window.first_key(i));
+    const int last = int(max(window.last_key(i), int64_t(-1)));
+#pragma unroll
+    for (int nt = 0; nt < kTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int j = j0 + nt * 8 + (lane % 4) * 2 + e;
+        if (j < first || j > last) s[nt][2 * half + e] = kNegInf;
+      }
+  }
 }
 
 // Online softmax step of a 16-row tile: new row maxima, rescale of O and of the running sums,
@@ -128,7 +148,9 @@ __device__ __forceinline__ void apply_dropout(float (&s)[kTiles][4], const seman
 
 }  // namespace forward_detail
 
-template <typename T, int kD>
+// Dropout and general scores (ScoreRule::is_general) are template parameters, so the common
+// variant carries none of their code and none of their registers.
+template <typename T, int kD, bool kDropout, bool kGeneral>
 __global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads)
     forward_kernel(const __grid_constant__ KernelParams p) {
   using C = ForwardConfig<T, kD>;
@@ -197,7 +219,7 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads)
 
     // S = Q K^T
     float s[kRowTiles][C::kScoreTiles][4] = {};
-#pragma unroll 1
+#pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       uint32_t a[kRowTiles][4];
 #pragma unroll
@@ -215,9 +237,10 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads)
     }
     const int64_t j0 = int64_t(n) * kN;
     const bool masked = !rule.block_unmasked(m0, kM, j0, kN);
-    if (rule.general || masked) {
 #pragma unroll
-      for (int r = 0; r < kRowTiles; ++r) forward_detail::score_rule(s[r], rule, tile_row0(r), j0, masked);
+    for (int r = 0; r < kRowTiles; ++r) {
+      if (kGeneral) forward_detail::transform_scores(s[r], rule, tile_row0(r), j0);
+      if (masked) forward_detail::apply_mask(s[r], rule.window, int(tile_row0(r)), int(j0));
     }
 
     cp_async_wait<0>();
@@ -229,8 +252,8 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads)
 
 #pragma unroll
     for (int r = 0; r < kRowTiles; ++r) {
-      forward_detail::softmax_step(s[r], o[r], st.max[r], st.sum[r], rule.exp_scale);
-      if (drop.enabled()) forward_detail::apply_dropout(s[r], drop, batch_head, tile_row0(r), j0);
+      forward_detail::softmax_step(s[r], o[r], st.max[r], st.sum[r], kGeneral ? 1.f : rule.exp_scale);
+      if (kDropout) forward_detail::apply_dropout(s[r], drop, batch_head, tile_row0(r), j0);
     }
 
     // O += P V

@@ -7,10 +7,15 @@
 
 namespace flashattn::cuda {
 
+template <typename T, int kD, bool kDropout>
+auto forward_kernel_for(const KernelParams& p) {
+  return ScoreRule::is_general(p) ? forward_kernel<T, kD, kDropout, true> : forward_kernel<T, kD, kDropout, false>;
+}
+
 template <typename T, int kD>
 Status launch_forward(const KernelParams& p, cudaStream_t stream) {
   using C = ForwardConfig<T, kD>;
-  const auto kernel = forward_kernel<T, kD>;
+  const auto kernel = p.dropout_threshold != 0 ? forward_kernel_for<T, kD, true>(p) : forward_kernel_for<T, kD, false>(p);
   FA_TRY(device_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes),
                        "cudaFuncSetAttribute(forward_kernel)"));
   const int m_blocks = (p.seqlen_q + C::kM - 1) / C::kM;
