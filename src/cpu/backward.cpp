@@ -4,7 +4,7 @@
 //   key pass:   per (batch, kv head, key tile): dV += P~^T dO and dK += dS^T Q over the group's heads;
 //   query pass: per (batch, head, query tile): dQ += dS K.
 // with P = exp(s - lse), dP = z * (dO V^T), D = rowsum(dO * O), dS = P * (dP - D) * softcap'.
-// Each pass transposes its stationary side once per work item and reads the streamed rows in place:
+// Each pass transposes its stationary side once per work item and packs the streamed rows per tile:
 // the key pass works on query-major tiles (Q K^T), the query pass on key-major ones (K Q^T).
 #include <algorithm>
 #include <cmath>
@@ -61,13 +61,13 @@ struct Ctx {
 };
 
 // D = rowsum(dO * O) and lse of rows [i0, i0 + nq) of head h.
-void load_row_stats(const Ctx& c, int b, int h, int64_t i0, int nq, const RowTile& dout, BackwardScratch& w) {
+void load_row_stats(const Ctx& c, int b, int h, int64_t i0, int nq, const float* dout, BackwardScratch& w) {
   const Params& p = c.p;
   const int dv = p.head_dim_v;
   const int64_t qs = p.q_start(b);
-  const RowTile o = rows_of(c.codec, p.out, b, qs, i0, nq, h, dv, w.o);
+  const float* o = pack_rows(c.codec, p.out, b, qs, i0, nq, h, dv, w.o);
   for (int r = 0; r < nq; ++r) {
-    w.delta[r] = dot(dout.data + int64_t(r) * dout.ld, o.data + int64_t(r) * o.ld, dv);
+    w.delta[r] = dot(dout + int64_t(r) * dv, o + int64_t(r) * dv, dv);
     w.lse[r] = p.lse[b * p.lse_batch + h * p.lse_head + qs + i0 + r];
   }
 }
@@ -118,16 +118,16 @@ void key_pass_tile(const Ctx& c, int b, int hk, int64_t j0, BackwardScratch& w) 
     for (int64_t i0 = rows.begin; i0 < rows.end; i0 += kBlockQ) {
       const int nq = int(std::min<int64_t>(kBlockQ, rows.end - i0));
       const TileShape shape = TileShape::query_major(nq, nk, kBlockK);
-      const RowTile q = rows_of(c.codec, p.q, b, qs, i0, nq, h, d, w.q);
-      const RowTile dout = rows_of(c.codec, p.dout, b, qs, i0, nq, h, dv, w.dout);
+      const float* q = pack_rows(c.codec, p.q, b, qs, i0, nq, h, d, w.q);
+      const float* dout = pack_rows(c.codec, p.dout, b, qs, i0, nq, h, dv, w.dout);
       load_row_stats(c, b, h, i0, nq, dout, w);
       std::fill(w.s, w.s + kTile, 0.f);
       std::fill(w.dp, w.dp + kTile, 0.f);
-      gemm_nn(nq, nk, d, q.data, q.ld, kt, kBlockK, w.s, kBlockK);            // S = Q K^T
-      gemm_nn(nq, nk, dv, dout.data, dout.ld, vt, kBlockK, w.dp, kBlockK);    // dP~ = dO V^T
+      gemm_nn(nq, nk, d, q, d, kt, kBlockK, w.s, kBlockK);            // S = Q K^T
+      gemm_nn(nq, nk, dv, dout, dv, vt, kBlockK, w.dp, kBlockK);    // dP~ = dO V^T
       tile_gradients(c, rule, shape, i0, j0, w);
-      gemm_tn(nk, dv, nq, w.ptilde, kBlockK, dout.data, dout.ld, dvacc, dv);  // dV += P~^T dO
-      gemm_tn(nk, d, nq, w.dp, kBlockK, q.data, q.ld, dk, d);                 // dK += dS^T Q
+      gemm_tn(nk, dv, nq, w.ptilde, kBlockK, dout, dv, dvacc, dv);  // dV += P~^T dO
+      gemm_tn(nk, d, nq, w.dp, kBlockK, q, d, dk, d);                 // dK += dS^T Q
     }
   }
   for (int x = 0; x < nk * d; ++x) dk[x] *= p.scale;
@@ -144,20 +144,20 @@ void query_pass_tile(const Ctx& c, int b, int h, int64_t i0, BackwardScratch& w)
   float *qt = w.stationary_a, *dot = w.stationary_b, *dq = w.acc_a;
   load_transposed(c.codec, p.q, b, qs, i0, nq, h, d, qt, kBlockQ);
   load_transposed(c.codec, p.dout, b, qs, i0, nq, h, dv, dot, kBlockQ);
-  load_row_stats(c, b, h, i0, nq, rows_of(c.codec, p.dout, b, qs, i0, nq, h, dv, w.dout), w);
+  load_row_stats(c, b, h, i0, nq, pack_rows(c.codec, p.dout, b, qs, i0, nq, h, dv, w.dout), w);
   std::fill(dq, dq + nq * d, 0.f);
   const Span keys = keys_seen(rule.window, i0, nq);
   for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlockK) {
     const int nk = int(std::min<int64_t>(kBlockK, keys.end - j0));
     const TileShape shape = TileShape::key_major(nq, nk, kBlockQ);
-    const RowTile k = rows_of(c.codec, p.k, b, ks, j0, nk, hk, d, w.q);
-    const RowTile v = rows_of(c.codec, p.v, b, ks, j0, nk, hk, dv, w.o);
+    const float* k = pack_rows(c.codec, p.k, b, ks, j0, nk, hk, d, w.q);
+    const float* v = pack_rows(c.codec, p.v, b, ks, j0, nk, hk, dv, w.o);
     std::fill(w.s, w.s + kTile, 0.f);
     std::fill(w.dp, w.dp + kTile, 0.f);
-    gemm_nn(nk, nq, d, k.data, k.ld, qt, kBlockQ, w.s, kBlockQ);     // S^T = K Q^T
-    gemm_nn(nk, nq, dv, v.data, v.ld, dot, kBlockQ, w.dp, kBlockQ);  // dP~^T = V dO^T
+    gemm_nn(nk, nq, d, k, d, qt, kBlockQ, w.s, kBlockQ);     // S^T = K Q^T
+    gemm_nn(nk, nq, dv, v, dv, dot, kBlockQ, w.dp, kBlockQ);  // dP~^T = V dO^T
     tile_gradients(c, rule, shape, i0, j0, w);
-    gemm_tn(nq, d, nk, w.dp, kBlockQ, k.data, k.ld, dq, d);          // dQ += dS K
+    gemm_tn(nq, d, nk, w.dp, kBlockQ, k, d, dq, d);          // dQ += dS K
   }
   for (int x = 0; x < nq * d; ++x) dq[x] *= p.scale;
   store_rows(c.codec, dq, d, p.dq, b, qs, i0, nq, h, d);

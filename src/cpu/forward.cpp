@@ -1,8 +1,8 @@
 // CPU FlashAttention forward. A work item is a tile of up to kBlockQ query rows of one (batch,
 // head), or, for decoding-shaped calls, one slice of its keys. It keeps a running max m, running
 // sum l and unnormalised output O per row (online softmax) while key/value tiles stream past.
-// Scores are computed key-major, S^T = K Q^T, so Q is transposed once per item and K, V are read
-// in place; the softmax's per-row reductions then run down columns, vectorised across rows.
+// Scores are computed key-major, S^T = K Q^T, so Q is transposed once per item and K, V are
+// packed per tile; the softmax's per-row reductions then run down columns, vectorised across rows.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -112,7 +112,7 @@ void attend(const Ctx& c, const ScoreRule& rule, int b, int h, int64_t i0, int n
   const int d = p.head_dim, dv = p.head_dim_v, hk = h / p.group_size();
   const int64_t ks = p.k_start(b);
   const bool few = nq < kFewRows;
-  const RowTile q = few ? rows_of(c.codec, p.q, b, p.q_start(b), i0, nq, h, d, w.q) : RowTile{nullptr, 0};
+  const float* q = few ? pack_rows(c.codec, p.q, b, p.q_start(b), i0, nq, h, d, w.q) : nullptr;
   if (!few) load_transposed(c.codec, p.q, b, p.q_start(b), i0, nq, h, d, w.qt, kBlockQ);
   std::fill(w.m, w.m + nq, kNegInf);
   std::fill(w.l, w.l + nq, 0.f);
@@ -120,19 +120,19 @@ void attend(const Ctx& c, const ScoreRule& rule, int b, int h, int64_t i0, int n
   for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlockK) {
     const int nk = int(std::min<int64_t>(kBlockK, keys.end - j0));
     const TileShape shape = TileShape::key_major(nq, nk, kBlockQ);
-    const RowTile k = rows_of(c.codec, p.k, b, ks, j0, nk, hk, d, w.k);
-    const RowTile v = rows_of(c.codec, p.v, b, ks, j0, nk, hk, dv, w.v);
+    const float* k = pack_rows(c.codec, p.k, b, ks, j0, nk, hk, d, w.k);
+    const float* v = pack_rows(c.codec, p.v, b, ks, j0, nk, hk, dv, w.v);
     if (few) {
       for (int j = 0; j < nk; ++j)
-        for (int r = 0; r < nq; ++r) w.s[j * kBlockQ + r] = dot(k.data + int64_t(j) * k.ld, q.data + int64_t(r) * q.ld, d);
+        for (int r = 0; r < nq; ++r) w.s[j * kBlockQ + r] = dot(k + int64_t(j) * d, q + int64_t(r) * d, d);
     } else {
       std::fill(w.s, w.s + nk * kBlockQ, 0.f);
-      gemm_nn(nk, nq, d, k.data, k.ld, w.qt, kBlockQ, w.s, kBlockQ);  // S^T = K Q^T
+      gemm_nn(nk, nq, d, k, d, w.qt, kBlockQ, w.s, kBlockQ);  // S^T = K Q^T
     }
     rule.transform(w.s, shape, i0, j0, nullptr);
     online_softmax(w.s, nq, nk, w, dv);
     if (rule.dropout.enabled()) rule.apply_dropout(w.s, shape, i0, j0, nullptr);
-    gemm_tn(nq, dv, nk, w.s, kBlockQ, v.data, v.ld, w.o, dv);  // O += P V
+    gemm_tn(nq, dv, nk, w.s, kBlockQ, v, dv, w.o, dv);  // O += P V
   }
 }
 

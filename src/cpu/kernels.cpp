@@ -217,8 +217,12 @@ namespace {
 
 template <DType T>
 void load_row(const void* src, float* dst, int n) {
-  const auto* s = static_cast<const typename Storage<T>::type*>(src);
-  for (int i = 0; i < n; ++i) dst[i] = Storage<T>::load(s[i]);
+  if constexpr (T == DType::f32) {
+    std::memcpy(dst, src, size_t(n) * sizeof(float));
+  } else {
+    const auto* s = static_cast<const typename Storage<T>::type*>(src);
+    for (int i = 0; i < n; ++i) dst[i] = Storage<T>::load(s[i]);
+  }
 }
 template <DType T>
 void store_row(const float* src, void* dst, int n) {

@@ -1,7 +1,6 @@
 #include "cpu/tile.h"
 
 #include <algorithm>
-#include <climits>
 #include <cmath>
 #include <limits>
 
@@ -9,15 +8,11 @@
 
 namespace flashattn::cpu {
 
-RowTile rows_of(const RowCodec& codec, const Operand& t, int b, int64_t start, int64_t row0, int n, int h, int dim,
-                float* scratch) {
-  const int64_t first = element_offset(t, b, start, row0, h);
-  if (codec.element_size == 4 && t.row <= INT_MAX)
-    return RowTile{static_cast<const float*>(t.data) + first, n == 1 ? dim : int(t.row)};
-  const char* base = static_cast<const char*>(t.data);
-  for (int r = 0; r < n; ++r)
-    codec.load(base + (first + r * t.row) * codec.element_size, scratch + int64_t(r) * dim, dim);
-  return RowTile{scratch, dim};
+const float* pack_rows(const RowCodec& codec, const Operand& t, int b, int64_t start, int64_t row0, int n, int h,
+                       int dim, float* scratch) {
+  const char* base = static_cast<const char*>(t.data) + element_offset(t, b, start, row0, h) * codec.element_size;
+  for (int r = 0; r < n; ++r) codec.load(base + r * t.row * codec.element_size, scratch + int64_t(r) * dim, dim);
+  return scratch;
 }
 
 void load_transposed(const RowCodec& codec, const Operand& t, int b, int64_t start, int64_t row0, int n, int h,

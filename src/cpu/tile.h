@@ -29,14 +29,11 @@ class Scratch {
   float* next_;
 };
 
-// Rows [row0, row0 + n) of head h of sequence b, as float32 rows `ld` apart. Float32 operands are
-// read in place (ld = the operand's row stride); other dtypes are converted into `scratch`.
-struct RowTile {
-  const float* data;
-  int ld;
-};
-RowTile rows_of(const RowCodec& codec, const Operand& t, int b, int64_t start, int64_t row0, int n, int h, int dim,
-                float* scratch);
+// Rows [row0, row0 + n) of head h of sequence b, converted to float32 and packed into
+// scratch[n][dim]; returns scratch. Packing also pays for float32: rows of one head lie a multiple
+// of 4 KiB apart in common layouts, so read in place they all fall into the same L1 sets.
+const float* pack_rows(const RowCodec& codec, const Operand& t, int b, int64_t start, int64_t row0, int n, int h,
+                       int dim, float* scratch);
 
 // The same rows transposed: dst[dim][ld], column r = row r.
 void load_transposed(const RowCodec& codec, const Operand& t, int b, int64_t start, int64_t row0, int n, int h,
