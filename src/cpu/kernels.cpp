@@ -36,8 +36,7 @@ FA_INLINE typename Vec<W>::f load(const float* p) { return *reinterpret_cast<con
 template <int W>
 FA_INLINE void store(float* p, typename Vec<W>::f x) { *reinterpret_cast<typename Vec<W>::f*>(p) = x; }
 
-// A tile of R rows x 2W columns of C accumulated in registers while p runs over k (2R vector
-// accumulators: 12 of 16 ymm / 32 zmm registers at R = 6).
+// A tile of R rows x 2W columns of C accumulated in registers while p runs over k.
 // A is read as A[i + r][p] (plain) or A[p][i + r] (transposed).
 template <int W, int R, bool TransA>
 FA_INLINE void micro(int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
@@ -49,7 +48,7 @@ FA_INLINE void micro(int k, const float* a, int lda, const float* b, int ldb, fl
   }
   for (int p = 0; p < k; ++p) {
     const V b0 = load<W>(b + int64_t(p) * ldb), b1 = load<W>(b + int64_t(p) * ldb + W);
-#pragma GCC unroll 6
+#pragma GCC unroll 12
     for (int r = 0; r < R; ++r) {
       const float ar = TransA ? a[int64_t(p) * lda + r] : a[int64_t(r) * lda + p];
       acc[r][0] += ar * b0;
@@ -69,20 +68,29 @@ FA_INLINE void row_block(int i, int j0, int j1, int k, const float* a, int lda, 
   for (int j = j0; j < j1; j += 2 * W) micro<W, R, TransA>(k, arow, lda, b + j, ldb, c + int64_t(i) * ldc + j, ldc);
 }
 
-// Columns [j0, j1) (a multiple of 2W wide) of C += op(A) B: 6-row blocks, then the rest.
+// Rows per register block: 2R accumulators plus two B vectors and a broadcast must fit the
+// register file (16 ymm on AVX2, 32 zmm on AVX-512).
+template <int W>
+constexpr int kBlockRows = W == 16 ? 12 : 6;
+
+// The last m % kBlockRows rows, one instantiation per possible remainder.
+template <int W, int R, bool TransA>
+FA_INLINE void remainder_rows(int rows, int i, int j0, int j1, int k, const float* a, int lda, const float* b, int ldb,
+                              float* c, int ldc) {
+  if constexpr (R > 0) {
+    if (rows == R) row_block<W, R, TransA>(i, j0, j1, k, a, lda, b, ldb, c, ldc);
+    else remainder_rows<W, R - 1, TransA>(rows, i, j0, j1, k, a, lda, b, ldb, c, ldc);
+  }
+}
+
+// Columns [j0, j1) (a multiple of 2W wide) of C += op(A) B: full row blocks, then the rest.
 template <int W, bool TransA>
 FA_INLINE void column_band(int m, int j0, int j1, int k, const float* a, int lda, const float* b, int ldb, float* c,
                            int ldc) {
+  constexpr int R = kBlockRows<W>;
   int i = 0;
-  for (; i + 6 <= m; i += 6) row_block<W, 6, TransA>(i, j0, j1, k, a, lda, b, ldb, c, ldc);
-  switch (m - i) {
-    case 5: row_block<W, 5, TransA>(i, j0, j1, k, a, lda, b, ldb, c, ldc); break;
-    case 4: row_block<W, 4, TransA>(i, j0, j1, k, a, lda, b, ldb, c, ldc); break;
-    case 3: row_block<W, 3, TransA>(i, j0, j1, k, a, lda, b, ldb, c, ldc); break;
-    case 2: row_block<W, 2, TransA>(i, j0, j1, k, a, lda, b, ldb, c, ldc); break;
-    case 1: row_block<W, 1, TransA>(i, j0, j1, k, a, lda, b, ldb, c, ldc); break;
-    default: break;
-  }
+  for (; i + R <= m; i += R) row_block<W, R, TransA>(i, j0, j1, k, a, lda, b, ldb, c, ldc);
+  remainder_rows<W, R - 1, TransA>(m - i, i, j0, j1, k, a, lda, b, ldb, c, ldc);
 }
 
 // C[m x n] += op(A) B: bands of 2W columns, a 16-column band when W = 16 leaves one, then single

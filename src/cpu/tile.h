@@ -11,8 +11,9 @@
 
 namespace flashattn::cpu {
 
-constexpr int kBlockQ = 128;  // query rows per work item: the stationary side, transposed once
-constexpr int kBlockK = 64;   // keys per streamed tile
+// Multiples of the kernels' row blocks (6 and 12) and column bands (16 and 32).
+constexpr int kBlockQ = 96;  // query rows per work item: the stationary side, transposed once
+constexpr int kBlockK = 96;  // keys per streamed tile
 
 // Bump allocator over one thread's slice of the workspace; sizes in floats, 64-byte aligned.
 class Scratch {
