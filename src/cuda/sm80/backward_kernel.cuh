@@ -3,11 +3,10 @@
 // blocks that see those keys, for every query head of the GQA group:
 //   S^T = K Q^T, dP^T = V dO^T                       (rows = keys, so P^T is dV's A operand)
 //   P = exp(S - lse), dS = P * (z * dP - delta) * softcap'
-//   dV += (z P)^T dO, dK += dS^T Q                    (registers, or shared memory when two
-//                                                      warps share a key group, see d_split)
+//   dV += (z P)^T dO, dK += dS^T Q                    (registers; P and dS through shared memory)
 //   dQ += dS K                                        (fp32 atomics into dq_accum)
-// Each warp owns 16 keys. With d_split = 2 a pair of warps shares 16 keys: each computes S^T for
-// half of the query rows and dK/dV for half of the head dim, exchanging P and dS in shared memory.
+// A key group of d_split warps owns 16 or 32 keys: each warp computes S^T for 1 / d_split of the
+// query rows and dK/dV for 1 / d_split of the head dim, exchanging P and dS in shared memory.
 // Deterministic mode: the grid holds one block per dq_accum copy and each block walks its key
 // blocks in a fixed order, so every dq_accum address has a single writer in a fixed order.
 #pragma once
@@ -25,25 +24,29 @@
 
 namespace flashattn::cuda {
 
-template <typename T, int kD>
+// kStagesArg: Q and dO single or double-buffered (two stages need more shared memory than the
+// A100 has per block at d = 128; the launcher picks what the device allows).
+template <typename T, int kD, int kStagesArg = 1>
 struct BackwardConfig {
   static constexpr BackwardShape kShape = backward_shape(kD);
   static constexpr int kM = kShape.block_m, kN = kShape.block_n, kWarps = kShape.warps, kSplit = kShape.d_split;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kKeyGroups = kWarps / kSplit;   // groups of 16 keys
+  static constexpr int kKeyGroups = kWarps / kSplit;   // groups of warps sharing keys
+  static constexpr int kGroupKeys = kN / kKeyGroups;   // keys of a group
+  static constexpr int kKeyTiles = kGroupKeys / 16;    // 16-row mma tiles of a warp's S^T
   static constexpr int kWarpQueries = kM / kSplit;     // query columns of a warp's S^T
   static constexpr int kWarpCols = kD / kSplit;        // dK/dV columns of a warp
-  static_assert(kN == 16 * kKeyGroups, "each key group holds 16 keys");
+  static_assert(kN == 16 * kKeyTiles * kKeyGroups, "key groups hold whole 16-row tiles");
   static_assert(kM == 64 && kWarps == 8, "dQ = dS K spreads 4 row groups x 2 column halves over 8 warps");
   static_assert(kWarpCols % 16 == 0 && (kD / 2) % 16 == 0, "head dim must split into 16-column steps");
-  // Q and dO double-buffered where shared memory allows (the A100 has 163 KB per block).
-  static constexpr int kStages = kD <= 128 ? 2 : 1;
   using QTile = SmemTile<kM, kD>;
   using KTile = SmemTile<kN, kD>;
   using STile = SmemTile<kN, kM>;  // P^T or dS^T, [key][query]
   static constexpr int kRowBytes = kM * 4;  // lse2 or delta of a step
   static constexpr int kStageBytes = 2 * QTile::kBytes + 2 * kRowBytes;
-  static constexpr int kSmemBytes = 2 * KTile::kBytes + kStages * kStageBytes + (kSplit == 2 ? 2 : 1) * STile::kBytes;
+  static constexpr int kStages = kStagesArg;
+  static_assert(kStages == 1 || kStages == 2, "Q and dO are single or double-buffered");
+  static constexpr int kSmemBytes = 2 * KTile::kBytes + 2 * STile::kBytes + kStages * kStageBytes;
   static constexpr int kQueryTiles = kWarpQueries / 8;  // n8 tiles of a warp's S^T
 };
 
@@ -61,10 +64,10 @@ struct Walk {
 
 // Dropout and general scores (ScoreRule::is_general) are template parameters, so the common
 // variant carries none of their code and none of their registers.
-template <typename T, int kD, bool kDropout, bool kGeneral>
-__global__ void __launch_bounds__(BackwardConfig<T, kD>::kThreads, 1)
+template <typename T, int kD, int kStages, bool kDropout, bool kGeneral>
+__global__ void __launch_bounds__(BackwardConfig<T, kD, kStages>::kThreads, 1)
     backward_kernel(const __grid_constant__ KernelParams p) {
-  using C = BackwardConfig<T, kD>;
+  using C = BackwardConfig<T, kD, kStages>;
   using Elem = typename T::storage;
   using QTile = typename C::QTile;
   using KTile = typename C::KTile;
@@ -85,7 +88,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD>::kThreads, 1)
   const uint32_t s_v = s_k + KTile::kBytes;
   const uint32_t s_stage0 = s_v + KTile::kBytes;
   const uint32_t s_ds = s_stage0 + C::kStages * C::kStageBytes;
-  const uint32_t s_p = s_ds + STile::kBytes;  // kSplit == 2 only
+  const uint32_t s_p = s_ds + STile::kBytes;
   auto stage_q = [&](int stage) { return s_stage0 + stage * C::kStageBytes; };
   auto stage_do = [&](int stage) { return stage_q(stage) + QTile::kBytes; };
   auto stage_lse = [&](int stage) { return stage_q(stage) + 2 * QTile::kBytes; };
@@ -137,8 +140,9 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD>::kThreads, 1)
       cp_async_commit();
     }
 
-    float dk[C::kWarpCols / 8][4] = {};
-    float dv[C::kWarpCols / 8][4] = {};
+    float dk[C::kKeyTiles][C::kWarpCols / 8][4] = {};
+    float dv[C::kKeyTiles][C::kWarpCols / 8][4] = {};
+    const int group_key0 = key_group * C::kGroupKeys;  // first key of this warp's group
     const LaneCoord a_lane = a_operand_lane(lane);
     const LaneCoord nk_lane = b_operand_nk_lane(lane);
     const LaneCoord kn_lane = b_operand_kn_lane(lane);
@@ -157,23 +161,30 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD>::kThreads, 1)
       const float* lse2 = lse_smem0 + stage * (C::kStageBytes / 4);
       const float* delta = lse2 + kM;
 
-      // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys and query columns.
-      float st[C::kQueryTiles][4] = {};
-      float dpt[C::kQueryTiles][4] = {};
+      // S^T = K Q^T and dP^T = V dO^T for this warp's keys and query columns.
+      float st[C::kKeyTiles][C::kQueryTiles][4] = {};
+      float dpt[C::kKeyTiles][C::kQueryTiles][4] = {};
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk) {
-        uint32_t ak[4], av[4];
-        ldmatrix_x4(ak, s_k + KTile::offset(key_group * 16 + a_lane.row, kk * 16 + a_lane.col));
-        ldmatrix_x4(av, s_v + KTile::offset(key_group * 16 + a_lane.row, kk * 16 + a_lane.col));
+        uint32_t ak[C::kKeyTiles][4], av[C::kKeyTiles][4];
+#pragma unroll
+        for (int kt = 0; kt < C::kKeyTiles; ++kt) {
+          const uint32_t at = KTile::offset(group_key0 + kt * 16 + a_lane.row, kk * 16 + a_lane.col);
+          ldmatrix_x4(ak[kt], s_k + at);
+          ldmatrix_x4(av[kt], s_v + at);
+        }
 #pragma unroll
         for (int qt = 0; qt < C::kQueryTiles / 2; ++qt) {
           uint32_t bq[4], bo[4];
           ldmatrix_x4(bq, s_q + QTile::offset(query0 + qt * 16 + nk_lane.row, kk * 16 + nk_lane.col));
           ldmatrix_x4(bo, s_do + QTile::offset(query0 + qt * 16 + nk_lane.row, kk * 16 + nk_lane.col));
-          mma_16816<T>(st[2 * qt], ak, {bq[0], bq[1]});
-          mma_16816<T>(st[2 * qt + 1], ak, {bq[2], bq[3]});
-          mma_16816<T>(dpt[2 * qt], av, {bo[0], bo[1]});
-          mma_16816<T>(dpt[2 * qt + 1], av, {bo[2], bo[3]});
+#pragma unroll
+          for (int kt = 0; kt < C::kKeyTiles; ++kt) {
+            mma_16816<T>(st[kt][2 * qt], ak[kt], {bq[0], bq[1]});
+            mma_16816<T>(st[kt][2 * qt + 1], ak[kt], {bq[2], bq[3]});
+            mma_16816<T>(dpt[kt][2 * qt], av[kt], {bo[0], bo[1]});
+            mma_16816<T>(dpt[kt][2 * qt + 1], av[kt], {bo[2], bo[3]});
+          }
         }
       }
 
@@ -196,10 +207,11 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD>::kThreads, 1)
             last_key = int(max(rule.window.last_key(i), int64_t(-1)));
           }
 #pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int j = int(j0) + key_group * 16 + g + half * 8;
-            float& s = st[qt][2 * half + c];
-            float& dp = dpt[qt][2 * half + c];
+          for (int key_half = 0; key_half < 2 * C::kKeyTiles; ++key_half) {
+            const int kt = key_half / 2, half = key_half % 2;
+            const int j = int(j0) + group_key0 + kt * 16 + g + half * 8;
+            float& s = st[kt][qt][2 * half + c];
+            float& dp = dpt[kt][qt][2 * half + c];
             float cap_grad = 1.f;
             if (kGeneral) {
               if (rule.softcap > 0.f) {
@@ -217,52 +229,50 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD>::kThreads, 1)
           }
         }
 
-      // dS^T (and z P^T when two warps share the keys) to shared memory, [key][query].
-      const int key_row = key_group * 16 + g;
+      // dS^T and z P^T to shared memory, [key][query].
 #pragma unroll
-      for (int qt = 0; qt < C::kQueryTiles; ++qt)
+      for (int kt = 0; kt < C::kKeyTiles; ++kt)
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const uint32_t at = STile::offset(key_row + half * 8, query0 + qt * 8 + 2 * t);
-          const uint32_t ds2 = pack2<T>(dpt[qt][2 * half], dpt[qt][2 * half + 1]);
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_ds + at), "r"(ds2));
-          if (C::kSplit == 2) {
-            const uint32_t p2 = pack2<T>(st[qt][2 * half], st[qt][2 * half + 1]);
+        for (int qt = 0; qt < C::kQueryTiles; ++qt)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const uint32_t at = STile::offset(group_key0 + kt * 16 + g + half * 8, query0 + qt * 8 + 2 * t);
+            const uint32_t ds2 = pack2<T>(dpt[kt][qt][2 * half], dpt[kt][qt][2 * half + 1]);
+            const uint32_t p2 = pack2<T>(st[kt][qt][2 * half], st[kt][qt][2 * half + 1]);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_ds + at), "r"(ds2));
             asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_p + at), "r"(p2));
           }
-        }
+      __syncthreads();  // dS^T and P^T of every warp are in shared memory
 
       // dV += (z P)^T dO and dK += dS^T Q over this step's queries (k = query).
-      auto accumulate_dkdv = [&](int kk, const uint32_t (&ap)[4], const uint32_t (&ads)[4]) {
+#pragma unroll
+      for (int kk = 0; kk < kM / 16; ++kk) {
+        uint32_t ap[C::kKeyTiles][4], ads[C::kKeyTiles][4];
+#pragma unroll
+        for (int kt = 0; kt < C::kKeyTiles; ++kt) {
+          const uint32_t at = STile::offset(group_key0 + kt * 16 + a_lane.row, kk * 16 + a_lane.col);
+          ldmatrix_x4(ap[kt], s_p + at);
+          ldmatrix_x4(ads[kt], s_ds + at);
+        }
 #pragma unroll
         for (int dt = 0; dt < C::kWarpCols / 16; ++dt) {
           uint32_t bo[4], bq[4];
           ldmatrix_x4_trans(bo, s_do + QTile::offset(kk * 16 + kn_lane.row, col0 + dt * 16 + kn_lane.col));
           ldmatrix_x4_trans(bq, s_q + QTile::offset(kk * 16 + kn_lane.row, col0 + dt * 16 + kn_lane.col));
-          mma_16816<T>(dv[2 * dt], ap, {bo[0], bo[1]});
-          mma_16816<T>(dv[2 * dt + 1], ap, {bo[2], bo[3]});
-          mma_16816<T>(dk[2 * dt], ads, {bq[0], bq[1]});
-          mma_16816<T>(dk[2 * dt + 1], ads, {bq[2], bq[3]});
-        }
-      };
-      if (C::kSplit == 1) {
 #pragma unroll
-        for (int kk = 0; kk < kM / 16; ++kk) {
-          uint32_t ap[4], ads[4];
-          accumulators_to_a<T>(st[2 * kk], st[2 * kk + 1], ap);
-          accumulators_to_a<T>(dpt[2 * kk], dpt[2 * kk + 1], ads);
-          accumulate_dkdv(kk, ap, ads);
+          for (int kt = 0; kt < C::kKeyTiles; ++kt) {
+            mma_16816<T>(dv[kt][2 * dt], ap[kt], {bo[0], bo[1]});
+            mma_16816<T>(dv[kt][2 * dt + 1], ap[kt], {bo[2], bo[3]});
+            mma_16816<T>(dk[kt][2 * dt], ads[kt], {bq[0], bq[1]});
+            mma_16816<T>(dk[kt][2 * dt + 1], ads[kt], {bq[2], bq[3]});
+          }
         }
       }
-      __syncthreads();  // dS^T (and P^T) of every warp are in shared memory
-      if (C::kSplit == 2) {
-#pragma unroll
-        for (int kk = 0; kk < kM / 16; ++kk) {
-          uint32_t ap[4], ads[4];
-          ldmatrix_x4(ap, s_p + STile::offset(key_group * 16 + a_lane.row, kk * 16 + a_lane.col));
-          ldmatrix_x4(ads, s_ds + STile::offset(key_group * 16 + a_lane.row, kk * 16 + a_lane.col));
-          accumulate_dkdv(kk, ap, ads);
-        }
+
+      if (C::kStages == 1 && step + 1 < walk.steps()) {
+        __syncthreads();  // every warp is done with the stage; dQ below reads only dS and K
+        load_step(step + 1, 0);
+        cp_async_commit();
       }
 
       // dQ (kM x kD) += dS K: warp w takes query rows 16 (w % 4).. and columns half (w / 4).
@@ -293,28 +303,24 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD>::kThreads, 1)
           }
         }
       }
-
-      if (C::kStages == 1 && step + 1 < walk.steps()) {
-        __syncthreads();  // every warp is done with the stage
-        load_step(step + 1, 0);
-        cp_async_commit();
-      }
     }
 
     // dK = scale * sum dS^T Q and dV, for the valid keys and columns.
     Elem* dk_rows = operand_row<Elem>(p.dk, b, seq.k_start + j0, hk);
     Elem* dv_rows = operand_row<Elem>(p.dv, b, seq.k_start + j0, hk);
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int key = key_group * 16 + g + half * 8;
+    for (int key_half = 0; key_half < 2 * C::kKeyTiles; ++key_half) {
+      const int kt = key_half / 2, half = key_half % 2;
+      const int key = group_key0 + kt * 16 + g + half * 8;
       if (key >= keys_valid) continue;
 #pragma unroll
       for (int dt = 0; dt < C::kWarpCols / 8; ++dt) {
         const int col = col0 + dt * 8 + 2 * t;
         if (col >= p.head_dim) continue;
         *reinterpret_cast<uint32_t*>(dk_rows + key * p.dk.row + col) =
-            pack2<T>(dk[dt][2 * half] * p.scale, dk[dt][2 * half + 1] * p.scale);
-        *reinterpret_cast<uint32_t*>(dv_rows + key * p.dv.row + col) = pack2<T>(dv[dt][2 * half], dv[dt][2 * half + 1]);
+            pack2<T>(dk[kt][dt][2 * half] * p.scale, dk[kt][dt][2 * half + 1] * p.scale);
+        *reinterpret_cast<uint32_t*>(dv_rows + key * p.dv.row + col) =
+            pack2<T>(dv[kt][dt][2 * half], dv[kt][dt][2 * half + 1]);
       }
     }
   }

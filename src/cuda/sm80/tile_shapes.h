@@ -23,10 +23,13 @@ struct BackwardShape {
   int block_m, block_n, warps, d_split;  // query rows per step, keys per block, warps, warps per key group
 };
 
-// Eight warps; each key group of 16 keys keeps dK and dV for its keys in registers. Above d = 128
-// two warps share a key group, each owning half of the head dim, so dK/dV fit in registers.
+// Eight warps in key groups of d_split warps. A group keeps dK and dV of its keys in registers,
+// each warp of it computing S^T and dP^T for 1 / d_split of the query rows and dK/dV for
+// 1 / d_split of the head dim; P and dS meet in shared memory. Up to d = 128 a group holds 32
+// keys (two 16-row mma tiles, so every Q, dO fragment read from shared memory feeds twice as many
+// mma), above it 16, so that dK/dV fit in registers.
 constexpr BackwardShape backward_shape(int head_dim) {
-  return head_dim <= 128 ? BackwardShape{64, 128, 8, 1} : BackwardShape{64, 64, 8, 2};
+  return head_dim <= 128 ? BackwardShape{64, 128, 8, 2} : BackwardShape{64, 64, 8, 2};
 }
 
 }  // namespace flashattn::cuda
