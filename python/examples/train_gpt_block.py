@@ -3,10 +3,13 @@ flashattn.attention and once with torch.nn.functional.scaled_dot_product_attenti
 torch.compile(fullgraph=True), and compare the losses step by step.
 
     python python/examples/train_gpt_block.py                      # CUDA in bf16 if present, else CPU fp32
-    python python/examples/train_gpt_block.py --steps 30 --seqlen 1024
+    python python/examples/train_gpt_block.py --steps 20 --seqlen 1024
 
 Exits non-zero if a step's losses differ by more than the tolerance (bf16: 2% relative, fp32: 1e-4)
-or if training did not lower the loss.
+or if training did not lower the loss. The task is to continue a random 8-token motif that repeats
+along the sequence; attention learns it within about a hundred steps. Around the step where the
+loss drops, tiny numerical differences grow (the two float32 runs then differ by ~1e-4 instead of
+~1e-7), so the default 40 steps compare the runs before that point.
 """
 
 from __future__ import annotations
@@ -64,12 +67,14 @@ class GPT(torch.nn.Module):
         return self.head(self.norm(x))
 
 
+MOTIF = 8  # tokens; each sequence repeats a random motif, so a token is predictable from 8 back
+
+
 def batches(args, device):
-    """Sequences that repeat a random motif, so that attention has something to learn."""
     g = torch.Generator().manual_seed(1)
     for _ in range(args.steps):
-        motif = torch.randint(0, args.vocab, (args.batch, 32), generator=g)
-        tokens = motif.repeat(1, args.seqlen // 32 + 2)[:, :args.seqlen + 1]
+        motif = torch.randint(0, args.vocab, (args.batch, MOTIF), generator=g)
+        tokens = motif.repeat(1, args.seqlen // MOTIF + 2)[:, :args.seqlen + 1]
         yield tokens.to(device)
 
 
@@ -96,14 +101,14 @@ def train(attention, args, device, dtype):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seqlen", type=int, default=512)
-    parser.add_argument("--width", type=int, default=512)
-    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--seqlen", type=int, default=256)
+    parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--heads", type=int, default=2)
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--vocab", type=int, default=512)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--vocab", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--compile-backend", default="inductor")
     args = parser.parse_args(argv)
     device = torch.device(args.device)

@@ -1,12 +1,14 @@
 """Calls on arrays other than PyTorch tensors: numpy, and any DLPack producer (CuPy, JAX, ...).
 
 Inputs go to the library as they are, through DLPack. Outputs are allocated with the caller's
-framework: numpy.empty for numpy arrays; for other arrays their array-API namespace's `empty`,
-on the same device. CUDA arrays of such producers are exported without a stream, which DLPack
+framework: numpy.empty for numpy arrays; for other arrays their array-API namespace's `empty`
+(CuPy's own module before it had one), on the same device. CUDA arrays of such producers are exported without a stream, which DLPack
 defines as the legacy default stream, so the library runs on that stream.
 """
 
 from __future__ import annotations
+
+import importlib
 
 import numpy as np
 
@@ -15,23 +17,31 @@ from ._options import Settings
 
 
 class _Allocator:
-    """Allocates outputs like `like`: numpy.empty for numpy, else the array's own namespace."""
+    """Allocates outputs like `like`: numpy.empty for numpy, else the array's array-API namespace
+    on its device. CuPy before version 15 has no __array_namespace__: its own module serves, under
+    the array's device."""
 
     def __init__(self, like):
         self.numpy = isinstance(like, np.ndarray)
         if self.numpy:
             return
-        namespace = getattr(like, "__array_namespace__", None)
-        if namespace is None:
-            raise TypeError(f"cannot allocate results like a {type(like).__name__}: it has no __array_namespace__ "
-                            "(pass numpy arrays, torch tensors or array-API arrays)")
-        self.xp = namespace()
         self.device = like.device
+        namespace = getattr(like, "__array_namespace__", None)
+        if namespace is not None:
+            self.xp, self.device_keyword = namespace(), True
+        elif type(like).__module__.split(".")[0] == "cupy":
+            self.xp, self.device_keyword = importlib.import_module("cupy"), False
+        else:
+            raise TypeError(f"cannot allocate results like a {type(like).__name__}: it has no __array_namespace__ "
+                            "(pass numpy arrays, torch tensors, CuPy arrays or array-API arrays)")
 
     def empty(self, shape, dtype):
         if self.numpy:
             return np.empty(shape, dtype=dtype)
-        return self.xp.empty(shape, dtype=dtype, device=self.device)
+        if self.device_keyword:
+            return self.xp.empty(shape, dtype=dtype, device=self.device)
+        with self.device:
+            return self.xp.empty(shape, dtype=dtype)
 
     def float32(self):
         return np.float32 if self.numpy else self.xp.float32
