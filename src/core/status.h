@@ -2,9 +2,11 @@
 // names the argument and the offending value.
 #pragma once
 
-#include <sstream>
+#include <charconv>
+#include <cstdio>
 #include <string>
-#include <utility>
+#include <string_view>
+#include <type_traits>
 
 #include "flashattn/flashattn.h"
 
@@ -19,11 +21,35 @@ struct Status {
   explicit operator bool() const { return is_ok(); }
 };
 
+// Message pieces are appended without iostreams: the library runs inside other programs (Python
+// extensions among them) whose C++ runtime may differ from ours, and error paths must not depend
+// on its stream and locale state.
+inline void append_part(std::string& s, std::string_view v) { s += v; }
+inline void append_part(std::string& s, const char* v) { s += v ? v : "(null)"; }
+inline void append_part(std::string& s, const void* v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", v);
+  s += buf;
+}
+template <typename T>
+  requires std::is_arithmetic_v<T>
+void append_part(std::string& s, T v) {
+  char buf[48];
+  if constexpr (std::is_floating_point_v<T>) {
+    std::snprintf(buf, sizeof buf, "%g", double(v));
+    s += buf;
+  } else if constexpr (std::is_same_v<T, bool>) {
+    s += v ? "true" : "false";
+  } else {
+    s.append(buf, std::to_chars(buf, buf + sizeof buf, v).ptr);
+  }
+}
+
 template <typename... Parts>
 Status make_status(flashattn_status code, const Parts&... parts) {
-  std::ostringstream s;
-  (s << ... << parts);
-  return Status{code, s.str()};
+  Status st{code, {}};
+  (append_part(st.message, parts), ...);
+  return st;
 }
 template <typename... Parts>
 Status invalid(const Parts&... parts) { return make_status(FLASHATTN_ERROR_INVALID_ARGUMENT, parts...); }
