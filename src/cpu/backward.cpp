@@ -171,7 +171,8 @@ void parallel_tiles(const Params& p, int heads, int tile, bool keys, Body body) 
   const int64_t tiles = (longest + tile - 1) / tile;
   const int64_t items = int64_t(p.batch) * heads * tiles;
   const size_t per_thread = BackwardScratch::floats(p);
-#pragma omp parallel num_threads(cpu_threads(p))
+  const int threads = int(std::min<int64_t>(cpu_threads(p), items));  // idle threads would only spin
+#pragma omp parallel num_threads(threads) if (threads > 1)
   {
     BackwardScratch w(p, static_cast<float*>(p.workspace) + omp_get_thread_num() * per_thread);
 #pragma omp for schedule(dynamic, 1)

@@ -182,11 +182,11 @@ size_t forward_workspace_bytes(const Params& p) {
 Status forward(const Params& p) {
   const Ctx c{p, row_codec(p.dtype), ForwardPlan::make(p)};
   const ForwardPlan& plan = c.plan;
-  const int threads = cpu_threads(p);
+  const int threads = int(std::max<int64_t>(1, std::min<int64_t>(cpu_threads(p), plan.items())));  // idle threads would only spin
   const size_t per_thread = ForwardScratch::floats(p);
   float* partials = static_cast<float*>(p.workspace) + threads * per_thread;
   const int64_t per_head = plan.q_tiles * plan.splits;
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(threads) if (threads > 1)
   {
     ForwardScratch w(p, static_cast<float*>(p.workspace) + omp_get_thread_num() * per_thread);
     // Last query tiles first: under a causal mask they have the most keys.
