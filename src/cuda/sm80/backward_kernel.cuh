@@ -60,14 +60,32 @@ struct Walk {
   __device__ int m_block(int step) const { return m_begin + step % max(1, m_end - m_begin); }
 };
 
-// at[0] += lo, at[1] += hi (at 8-byte aligned): one vector reduction from sm_90 on, which halves
-// the atomic instructions of dQ; two scalar ones before.
-__device__ __forceinline__ void atomic_add_pair(float* at, float lo, float hi) {
+// Adds the half `half` (row g, or g + 8) of a warp's 16-row dQ tiles (n8 tiles side by side) to
+// the dq_accum row `row`, 16-byte aligned. From sm_90 on, lanes t and t ^ 1 swap one pair per two
+// tiles, so that each lane holds four adjacent columns and adds them with one vector reduction
+// (a quarter of the scalar atomic instructions); before sm_90, scalar reductions.
+template <int kTiles>
+__device__ __forceinline__ void accumulate_dq_row(float* row, bool valid, const float (&dq)[kTiles][4], int half) {
+  const int t = threadIdx.x % 4;
 #if __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float2*>(at), make_float2(lo, hi));
+  const bool odd = t % 2 == 1;  // odd lanes end up with tile 2u + 1, even lanes with tile 2u
+#pragma unroll
+  for (int u = 0; u < kTiles / 2; ++u) {
+    const float lo0 = dq[2 * u][2 * half], lo1 = dq[2 * u][2 * half + 1];
+    const float hi0 = dq[2 * u + 1][2 * half], hi1 = dq[2 * u + 1][2 * half + 1];
+    const float got0 = __shfl_xor_sync(0xffffffffu, odd ? lo0 : hi0, 1);
+    const float got1 = __shfl_xor_sync(0xffffffffu, odd ? lo1 : hi1, 1);
+    const float4 v = odd ? make_float4(got0, got1, hi0, hi1) : make_float4(lo0, lo1, got0, got1);
+    float* at = row + 16 * u + (odd ? 8 + 2 * (t - 1) : 2 * t);
+    if (valid) atomicAdd(reinterpret_cast<float4*>(at), v);
+  }
 #else
-  atomicAdd(at, lo);
-  atomicAdd(at + 1, hi);
+  if (!valid) return;
+#pragma unroll
+  for (int dt = 0; dt < kTiles; ++dt) {
+    atomicAdd(row + dt * 8 + 2 * t, dq[dt][2 * half]);
+    atomicAdd(row + dt * 8 + 2 * t + 1, dq[dt][2 * half + 1]);
+  }
 #endif
 }
 
@@ -305,10 +323,8 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages>::kThreads, 1)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int64_t i = m0 + row_group * 16 + g + half * 8;
-          if (i >= seq.seqlen_q) continue;
-          float* row = dq_accum + ((seq.packed_q + i) * p.heads_q + h) * kD + dq_col0 + 2 * t;
-#pragma unroll
-          for (int dt = 0; dt < kD / 16; ++dt) backward_detail::atomic_add_pair(row + dt * 8, dq[dt][2 * half], dq[dt][2 * half + 1]);
+          float* row = dq_accum + ((seq.packed_q + i) * p.heads_q + h) * kD + dq_col0;
+          backward_detail::accumulate_dq_row(row, i < seq.seqlen_q, dq, half);
         }
       }
     }

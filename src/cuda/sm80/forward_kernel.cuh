@@ -256,20 +256,22 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads)
       if (kDropout) forward_detail::apply_dropout(s[r], drop, batch_head, tile_row0(r), j0);
     }
 
-    // O += P V
+    // O += P V, with P packed to 16 bits first so that the fp32 scores die before the mma.
+    uint32_t pa[kRowTiles][kN / 16][4];
+#pragma unroll
+    for (int r = 0; r < kRowTiles; ++r)
+#pragma unroll
+      for (int kk = 0; kk < kN / 16; ++kk) accumulators_to_a<T>(s[r][2 * kk], s[r][2 * kk + 1], pa[r][kk]);
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) {
-      uint32_t a[kRowTiles][4];
-#pragma unroll
-      for (int r = 0; r < kRowTiles; ++r) accumulators_to_a<T>(s[r][2 * kk], s[r][2 * kk + 1], a[r]);
 #pragma unroll
       for (int dt = 0; dt < kD / 16; ++dt) {
         uint32_t bv[4];
         ldmatrix_x4_trans(bv, v_frag + KVTile::offset(kk * 16, dt * 16));
 #pragma unroll
         for (int r = 0; r < kRowTiles; ++r) {
-          mma_16816<T>(o[r][2 * dt], a[r], {bv[0], bv[1]});
-          mma_16816<T>(o[r][2 * dt + 1], a[r], {bv[2], bv[3]});
+          mma_16816<T>(o[r][2 * dt], pa[r][kk], {bv[0], bv[1]});
+          mma_16816<T>(o[r][2 * dt + 1], pa[r][kk], {bv[2], bv[3]});
         }
       }
     }
