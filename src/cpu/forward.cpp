@@ -70,6 +70,10 @@ struct ForwardScratch {
     m = a.take(kBlockQ);
     l = a.take(kBlockQ);
     corr = a.take(kBlockQ);
+    // The softmax step reads whole vectors of query lanes, past nq: keep them initialised.
+    std::fill(s, s + kBlockK * kBlockQ, 0.f);
+    std::fill(m, m + kBlockQ, kNegInf);
+    std::fill(l, l + kBlockQ, 0.f);
   }
 };
 
@@ -78,26 +82,10 @@ size_t partial_floats(const Params& p) { return size_t(kBlockQ) * (2 + p.head_di
 
 // Online softmax over a key-major tile s[nk][kBlockQ]: updates m and l, rescales O, leaves P in s.
 void online_softmax(float* s, int nq, int nk, ForwardScratch& w, int dv) {
-  float* m = w.m;
-  float* corr = w.corr;
-  for (int r = 0; r < nq; ++r) corr[r] = m[r];  // keep the old max
-  for (int c = 0; c < nk; ++c)
-    for (int r = 0; r < nq; ++r) m[r] = std::max(m[r], s[c * kBlockQ + r]);
-  // Rows with no visible key so far keep m = -inf; subtracting 0 instead turns their -inf scores
-  // into exp(-inf) = 0 rather than NaN.
-  for (int r = 0; r < nq; ++r) corr[r] -= (m[r] == kNegInf ? 0.f : m[r]);
-  exp_inplace(corr, nq);
-  for (int c = 0; c < nk; ++c) {
-    float* col = s + c * kBlockQ;
-    for (int r = 0; r < nq; ++r) col[r] -= (m[r] == kNegInf ? 0.f : m[r]);
-    exp_inplace(col, nq);
-  }
-  for (int r = 0; r < nq; ++r) w.l[r] *= corr[r];
-  for (int c = 0; c < nk; ++c)
-    for (int r = 0; r < nq; ++r) w.l[r] += s[c * kBlockQ + r];
+  online_softmax_step(s, kBlockQ, nq, nk, w.m, w.l, w.corr);
   for (int r = 0; r < nq; ++r)
-    if (corr[r] != 1.f)
-      for (int x = 0; x < dv; ++x) w.o[r * dv + x] *= corr[r];
+    if (w.corr[r] != 1.f)
+      for (int x = 0; x < dv; ++x) w.o[r * dv + x] *= w.corr[r];
 }
 
 struct Ctx {
@@ -114,8 +102,8 @@ void attend(const Ctx& c, const ScoreRule& rule, int b, int h, int64_t i0, int n
   const bool few = nq < kFewRows;
   const float* q = few ? pack_rows(c.codec, p.q, b, p.q_start(b), i0, nq, h, d, w.q) : nullptr;
   if (!few) load_transposed(c.codec, p.q, b, p.q_start(b), i0, nq, h, d, w.qt, kBlockQ);
-  std::fill(w.m, w.m + nq, kNegInf);
-  std::fill(w.l, w.l + nq, 0.f);
+  std::fill(w.m, w.m + kBlockQ, kNegInf);
+  std::fill(w.l, w.l + kBlockQ, 0.f);
   std::fill(w.o, w.o + nq * dv, 0.f);
   for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlockK) {
     const int nk = int(std::min<int64_t>(kBlockK, keys.end - j0));

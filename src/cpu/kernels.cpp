@@ -165,12 +165,38 @@ FA_INLINE void exp_impl(float* x, int n) {
   }
 }
 
+template <int W>
+FA_INLINE void online_softmax_impl(float* s, int ld, int nq, int nk, float* m, float* l, float* corr) {
+  using V = typename Vec<W>::f;
+  const V neg_inf = V{} - __builtin_inff();
+  for (int r = 0; r < nq; r += W) {
+    const V m_old = load<W>(m + r);
+    V m_new = m_old;
+    for (int c = 0; c < nk; ++c) {
+      const V x = load<W>(s + int64_t(c) * ld + r);
+      m_new = x > m_new ? x : m_new;
+    }
+    const V shift = m_new == neg_inf ? V{} : m_new;
+    V sum = {};
+    for (int c = 0; c < nk; ++c) {
+      const V e = exp_vec<W>(load<W>(s + int64_t(c) * ld + r) - shift);
+      store<W>(s + int64_t(c) * ld + r, e);
+      sum += e;
+    }
+    const V correction = exp_vec<W>(m_old - shift);
+    store<W>(l + r, load<W>(l + r) * correction + sum);
+    store<W>(m + r, m_new);
+    store<W>(corr + r, correction);
+  }
+}
+
 using GemmFn = void (*)(int, int, int, const float*, int, const float*, int, float*, int);
 struct KernelSet {
   const char* isa;
   GemmFn nn, tn;
   float (*dot)(const float*, const float*, int);
   void (*exp)(float*, int);
+  void (*softmax)(float*, int, int, int, float*, float*, float*);
 };
 
 // One entry point per (operation, target); each instantiates the templates for its own ISA.
@@ -185,7 +211,10 @@ struct KernelSet {
   }                                                                                                           \
   TARGET float NAME##_dot(const float* a, const float* b, int n) { return dot_impl<W>(a, b, n); }             \
   TARGET void NAME##_exp(float* x, int n) { exp_impl<W>(x, n); }                                             \
-  constexpr KernelSet NAME##_set{#NAME, &NAME##_nn, &NAME##_tn, &NAME##_dot, &NAME##_exp};
+  TARGET void NAME##_softmax(float* s, int ld, int nq, int nk, float* m, float* l, float* corr) {              \
+    online_softmax_impl<W>(s, ld, nq, nk, m, l, corr);                                                        \
+  }                                                                                                           \
+  constexpr KernelSet NAME##_set{#NAME, &NAME##_nn, &NAME##_tn, &NAME##_dot, &NAME##_exp, &NAME##_softmax};
 
 FA_KERNEL_SET(baseline, , 8)
 #if defined(FA_X86_DISPATCH)
@@ -219,6 +248,9 @@ void gemm_tn(int m, int n, int k, const float* a, int lda, const float* b, int l
 }
 float dot(const float* a, const float* b, int n) { return kernels().dot(a, b, n); }
 void exp_inplace(float* x, int n) { kernels().exp(x, n); }
+void online_softmax_step(float* s, int ld, int nq, int nk, float* m, float* l, float* corr) {
+  kernels().softmax(s, ld, nq, nk, m, l, corr);
+}
 const char* cpu_isa() { return kernels().isa; }
 
 namespace {

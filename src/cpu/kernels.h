@@ -17,6 +17,13 @@ float dot(const float* a, const float* b, int n);
 // x[i] = exp(x[i]) for n elements; inputs below -87 give exactly 0 (so -inf does).
 void exp_inplace(float* x, int n);
 
+// One online-softmax step over a key-major tile s[key][ld] of nq query columns (nq rounded up to
+// a multiple of 16 lanes is processed: s, m, l and corr must hold that many initialised floats).
+// Per query r: m_new = max(m, max_c s), corr = exp(m - m_new), s = exp(s - m_new),
+// l = l * corr + sum_c s, m = m_new. A query with no visible key so far (m_new = -inf) gets
+// s = 0 and corr = 0 rather than NaN.
+void online_softmax_step(float* s, int ld, int nq, int nk, float* m, float* l, float* corr);
+
 // The instruction set the kernels above run with: "avx512", "avx2" or "baseline".
 const char* cpu_isa();
 

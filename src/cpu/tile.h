@@ -14,6 +14,7 @@ namespace flashattn::cpu {
 // Multiples of the kernels' row blocks (6 and 12) and column bands (16 and 32).
 constexpr int kBlockQ = 96;  // query rows per work item: the stationary side, transposed once
 constexpr int kBlockK = 96;  // keys per streamed tile
+static_assert(kBlockQ % 16 == 0, "the softmax step reads whole 16-lane vectors of query rows");
 
 // Bump allocator over one thread's slice of the workspace; sizes in floats, 64-byte aligned.
 class Scratch {
