@@ -1,6 +1,6 @@
 // CPU benchmark: our forward and backward beside OpenBLAS sgemm (the machine's matrix ceiling)
 // and naive attention built on sgemm (what NumPy or an unfused framework does), in one run.
-//   cpu_bench [--threads N] [--quick]
+//   cpu_bench [--threads N] [--repeats N (best of, default 3)] [--quick]
 #include <cblas.h>
 #include <omp.h>
 
@@ -116,8 +116,9 @@ int main(int argc, char** argv) {
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) threads = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--repeats") && i + 1 < argc) repeats = std::max(1, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--quick")) quick = true, repeats = 1;
-    else { std::fprintf(stderr, "usage: cpu_bench [--threads N] [--quick]\n"); return 2; }
+    else { std::fprintf(stderr, "usage: cpu_bench [--threads N] [--repeats N] [--quick]\n"); return 2; }
   }
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import flashattn
 
 
-def best(fn, repeats=3):
+def best(fn, repeats=5):
     fn()
     times = []
     for _ in range(repeats):

@@ -25,10 +25,12 @@ template <int W> struct Vec;
 template <> struct Vec<8> {
   typedef float f __attribute__((vector_size(32), aligned(4)));
   typedef int32_t i __attribute__((vector_size(32), aligned(4)));
+  typedef uint16_t h __attribute__((vector_size(16), aligned(2)));
 };
 template <> struct Vec<16> {
   typedef float f __attribute__((vector_size(64), aligned(4)));
   typedef int32_t i __attribute__((vector_size(64), aligned(4)));
+  typedef uint16_t h __attribute__((vector_size(32), aligned(2)));
 };
 
 template <int W>
@@ -190,6 +192,21 @@ FA_INLINE void online_softmax_impl(float* s, int ld, int nq, int nk, float* m, f
   }
 }
 
+// bfloat16 is the upper half of a float32: widen and shift.
+template <int W>
+FA_INLINE void bf16_to_f32_impl(const void* src, float* dst, int n) {
+  using V = typename Vec<W>::f;
+  using I = typename Vec<W>::i;
+  using H = typename Vec<W>::h;
+  const auto* in = static_cast<const uint16_t*>(src);
+  int i = 0;
+  for (; i + W <= n; i += W) {
+    const I wide = __builtin_convertvector(*reinterpret_cast<const H*>(in + i), I) << 16;
+    store<W>(dst + i, reinterpret_cast<V>(wide));
+  }
+  for (; i < n; ++i) dst[i] = bf16_to_float(in[i]);
+}
+
 using GemmFn = void (*)(int, int, int, const float*, int, const float*, int, float*, int);
 struct KernelSet {
   const char* isa;
@@ -197,6 +214,7 @@ struct KernelSet {
   float (*dot)(const float*, const float*, int);
   void (*exp)(float*, int);
   void (*softmax)(float*, int, int, int, float*, float*, float*);
+  void (*load_bf16)(const void*, float*, int);
 };
 
 // One entry point per (operation, target); each instantiates the templates for its own ISA.
@@ -214,7 +232,9 @@ struct KernelSet {
   TARGET void NAME##_softmax(float* s, int ld, int nq, int nk, float* m, float* l, float* corr) {              \
     online_softmax_impl<W>(s, ld, nq, nk, m, l, corr);                                                        \
   }                                                                                                           \
-  constexpr KernelSet NAME##_set{#NAME, &NAME##_nn, &NAME##_tn, &NAME##_dot, &NAME##_exp, &NAME##_softmax};
+  TARGET void NAME##_load_bf16(const void* src, float* dst, int n) { bf16_to_f32_impl<W>(src, dst, n); }      \
+  constexpr KernelSet NAME##_set{#NAME,         &NAME##_nn,      &NAME##_tn,       &NAME##_dot,                  \
+                                 &NAME##_exp,   &NAME##_softmax, &NAME##_load_bf16};
 
 FA_KERNEL_SET(baseline, , 8)
 #if defined(FA_X86_DISPATCH)
@@ -259,6 +279,8 @@ template <DType T>
 void load_row(const void* src, float* dst, int n) {
   if constexpr (T == DType::f32) {
     std::memcpy(dst, src, size_t(n) * sizeof(float));
+  } else if constexpr (T == DType::bf16) {
+    kernels().load_bf16(src, dst, n);
   } else {
     const auto* s = static_cast<const typename Storage<T>::type*>(src);
     for (int i = 0; i < n; ++i) dst[i] = Storage<T>::load(s[i]);
