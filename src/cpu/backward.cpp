@@ -1,6 +1,7 @@
 // CPU FlashAttention backward. Scores are recomputed tile by tile from the saved lse and dropout is
-// redrawn, so no seqlen_q x seqlen_k buffer exists. Two passes keep every output element owned by
-// one thread (deterministic, no atomics):
+// redrawn, so no seqlen_q x seqlen_k buffer exists. Float32 problems with many (batch, kv head)
+// groups take a single pass per group (below); otherwise two passes keep every output element
+// owned by one thread (deterministic, no atomics):
 //   key pass:   per (batch, kv head, key tile): dV += P~^T dO and dK += dS^T Q over the group's heads;
 //   query pass: per (batch, head, query tile): dQ += dS K.
 // with P = exp(s - lse), dP = z * (dO V^T), D = rowsum(dO * O), dS = P * (dP - D) * softcap'.
@@ -23,7 +24,8 @@ constexpr int kTile = kBlockQ * kBlockK;  // floats of one score tile, either la
 
 struct BackwardScratch {
   float *stationary_a, *stationary_b;  // K^T and V^T (key pass) or Q^T and dO^T (query pass)
-  float *q, *dout, *o;                 // converted rows when the dtype is not float32
+  float *q, *dout, *o;                 // packed rows of the streamed side
+  float* k_rows;                       // the key tile as rows (single-pass dQ)
   float *delta, *lse;                  // per query row
   float *s, *dp, *z, *cap_grad, *dropped;
   const float* ptilde = nullptr;       // P~: `dropped`, or `s` without dropout
@@ -32,7 +34,7 @@ struct BackwardScratch {
   static size_t floats(const Params& p) {
     const size_t d = p.head_dim, dv = p.head_dim_v, rows = std::max(kBlockQ, kBlockK);
     auto r = Scratch::round_up;
-    return r(d * rows) + r(dv * rows) + r(rows * d) + 2 * r(rows * dv) + 2 * r(kBlockQ) + 5 * r(kTile) +
+    return r(d * rows) + r(dv * rows) + 2 * r(rows * d) + 2 * r(rows * dv) + 2 * r(kBlockQ) + 5 * r(kTile) +
            r(rows * d) + r(rows * dv);
   }
   BackwardScratch(const Params& p, float* base) {
@@ -43,6 +45,7 @@ struct BackwardScratch {
     q = a.take(rows * d);
     dout = a.take(rows * dv);
     o = a.take(rows * dv);
+    k_rows = a.take(rows * d);
     delta = a.take(kBlockQ);
     lse = a.take(kBlockQ);
     s = a.take(kTile);
@@ -102,7 +105,9 @@ void tile_gradients(const Ctx& c, const ScoreRule& rule, const TileShape& shape,
   });
 }
 
-void key_pass_tile(const Ctx& c, int b, int hk, int64_t j0, BackwardScratch& w) {
+// dV and dK of keys [j0, j0 + nk) of kv head hk. With `dq_in_place` (single pass) it also adds
+// dS K into the float32 dq output, unscaled.
+void key_pass_tile(const Ctx& c, int b, int hk, int64_t j0, BackwardScratch& w, bool dq_in_place) {
   const Params& p = c.p;
   const int d = p.head_dim, dv = p.head_dim_v;
   const int64_t ks = p.k_start(b), qs = p.q_start(b);
@@ -110,6 +115,7 @@ void key_pass_tile(const Ctx& c, int b, int hk, int64_t j0, BackwardScratch& w) 
   float *kt = w.stationary_a, *vt = w.stationary_b, *dk = w.acc_a, *dvacc = w.acc_b;
   load_transposed(c.codec, p.k, b, ks, j0, nk, hk, d, kt, kBlockK);
   load_transposed(c.codec, p.v, b, ks, j0, nk, hk, dv, vt, kBlockK);
+  const float* k_rows = dq_in_place ? pack_rows(c.codec, p.k, b, ks, j0, nk, hk, d, w.k_rows) : nullptr;
   std::fill(dk, dk + nk * d, 0.f);
   std::fill(dvacc, dvacc + nk * dv, 0.f);
   for (int h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h) {
@@ -128,6 +134,10 @@ void key_pass_tile(const Ctx& c, int b, int hk, int64_t j0, BackwardScratch& w) 
       tile_gradients(c, rule, shape, i0, j0, w);
       gemm_tn(nk, dv, nq, w.ptilde, kBlockK, dout, dv, dvacc, dv);  // dV += P~^T dO
       gemm_tn(nk, d, nq, w.dp, kBlockK, q, d, dk, d);                 // dK += dS^T Q
+      if (dq_in_place) {
+        float* dq = static_cast<float*>(p.dq.data) + element_offset(p.dq, b, qs, i0, h);
+        gemm_nn(nq, d, nk, w.dp, kBlockK, k_rows, d, dq, int(p.dq.row));  // dQ += dS K
+      }
     }
   }
   for (int x = 0; x < nk * d; ++x) dk[x] *= p.scale;
@@ -163,6 +173,29 @@ void query_pass_tile(const Ctx& c, int b, int h, int64_t i0, BackwardScratch& w)
   store_rows(c.codec, dq, d, p.dq, b, qs, i0, nq, h, d);
 }
 
+// Single pass over (batch, kv head): every key tile in order, dQ of the group's heads accumulated
+// in the float32 output itself; 5 tile products per tile pair instead of the two passes' 7.
+void single_pass_group(const Ctx& c, int b, int hk, BackwardScratch& w) {
+  const Params& p = c.p;
+  const int d = p.head_dim;
+  const int64_t qs = p.q_start(b), sq = p.seqlen_q_of(b), sk = p.seqlen_k_of(b);
+  auto dq_row = [&](int h, int64_t i) { return static_cast<float*>(p.dq.data) + element_offset(p.dq, b, qs, i, h); };
+  for (int h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h)
+    for (int64_t i = 0; i < sq; ++i) std::fill(dq_row(h, i), dq_row(h, i) + d, 0.f);
+  for (int64_t j0 = 0; j0 < sk; j0 += kBlockK) key_pass_tile(c, b, hk, j0, w, true);
+  for (int h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h)
+    for (int64_t i = 0; i < sq; ++i)
+      for (float *x = dq_row(h, i), *end = x + d; x < end; ++x) *x *= p.scale;
+}
+
+// The single pass needs float32 gradients (dQ accumulates in place) and enough (batch, kv head)
+// groups to occupy the threads. The choice depends on the shape only, never on the thread count,
+// so results stay bit-identical however many threads run.
+bool use_single_pass(const Params& p) {
+  constexpr int64_t kMinGroups = 8;
+  return p.dtype == DType::f32 && int64_t(p.batch) * p.heads_kv >= kMinGroups && p.dq.row <= INT32_MAX;
+}
+
 // Runs body(b, head, row0, scratch) over batch x heads x tiles of `tile` rows on the CPU's
 // threads; query tiles run last-first, since under a causal mask they see the most keys.
 template <typename Body>
@@ -194,8 +227,19 @@ size_t backward_workspace_bytes(const Params& p) {
 
 Status backward(const Params& p) {
   const Ctx c{p, row_codec(p.dtype)};
+  if (use_single_pass(p)) {
+    const int64_t groups = int64_t(p.batch) * p.heads_kv;
+    const size_t per_thread = BackwardScratch::floats(p);
+#pragma omp parallel num_threads(int(std::min<int64_t>(cpu_threads(p), groups)))
+    {
+      BackwardScratch w(p, static_cast<float*>(p.workspace) + omp_get_thread_num() * per_thread);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t g = 0; g < groups; ++g) single_pass_group(c, int(g / p.heads_kv), int(g % p.heads_kv), w);
+    }
+    return Status::ok();
+  }
   parallel_tiles(p, p.heads_kv, kBlockK, true,
-                 [&](int b, int hk, int64_t j0, BackwardScratch& w) { key_pass_tile(c, b, hk, j0, w); });
+                 [&](int b, int hk, int64_t j0, BackwardScratch& w) { key_pass_tile(c, b, hk, j0, w, false); });
   parallel_tiles(p, p.heads_q, kBlockQ, false,
                  [&](int b, int h, int64_t i0, BackwardScratch& w) { query_pass_tile(c, b, h, i0, w); });
   return Status::ok();
