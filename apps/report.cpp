@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "cpu/kernels.h"
 #include "flashattn/flashattn.h"
 
 namespace flashattn::cli {
@@ -82,7 +83,8 @@ void print_run(std::ostream& os, const std::string& backend, int threads, const 
                const std::vector<RunRow>& rows) {
   os << "flashattn " << flashattn_version_string() << " run: " << spec.describe() << "\n";
   os << "backend " << backend << " (" << threads << " CPU threads"
-     << (backend == "cuda" ? " for the naive baseline" : "") << "); naive = float32 attention that stores the"
+     << (backend == "cuda" ? " for the naive baseline" : std::string(", ") + cpu::cpu_isa() + " kernels")
+     << "); naive = float32 attention that stores the"
      << " Nq x Nk matrix of each head, on the CPU\n\n";
   os << printf_string("%-4s  %-9s  %10s  %9s  %12s   %s\n", "pass", "method", "time (ms)", "GFLOP/s", "extra memory",
                       "max |error| vs float64 oracle");
