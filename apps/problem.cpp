@@ -310,7 +310,7 @@ Params Problem::host_params(Pass pass) const {
   }
   Params params;
   const Status status = build_params(args, &params);
-  if (!status) fail("describing the host copies failed: ", status.message);
+  if (!status.is_ok()) fail("describing the host copies failed: ", status.message);
   return params;
 }
 

@@ -18,7 +18,6 @@ struct Status {
 
   static Status ok() { return {}; }
   bool is_ok() const { return code == FLASHATTN_SUCCESS; }
-  explicit operator bool() const { return is_ok(); }
 };
 
 // Message pieces are appended without iostreams: the library runs inside other programs (Python

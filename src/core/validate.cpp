@@ -18,9 +18,9 @@ const char* device_name(flashattn_device d) { return d == FLASHATTN_DEVICE_CUDA 
 
 std::string dtype_label(flashattn_dtype t) {
   switch (t) {
-    case FLASHATTN_DTYPE_FLOAT32: return "float32";
-    case FLASHATTN_DTYPE_FLOAT16: return "float16";
-    case FLASHATTN_DTYPE_BFLOAT16: return "bfloat16";
+    case FLASHATTN_DTYPE_FLOAT32:
+    case FLASHATTN_DTYPE_FLOAT16:
+    case FLASHATTN_DTYPE_BFLOAT16: return dtype_name(DType(t));
     case FLASHATTN_DTYPE_INT32: return "int32";
   }
   return "unknown(" + std::to_string(int(t)) + ")";

@@ -196,27 +196,32 @@ bool use_single_pass(const Params& p) {
   return p.dtype == DType::f32 && int64_t(p.batch) * p.heads_kv >= kMinGroups && p.dq.row <= INT32_MAX;
 }
 
-// Runs body(b, head, row0, scratch) over batch x heads x tiles of `tile` rows on the CPU's
-// threads; query tiles run last-first, since under a causal mask they see the most keys.
+// Runs body(item, scratch) for items [0, n) on the CPU's threads, each with its own scratch.
 template <typename Body>
-void parallel_tiles(const Params& p, int heads, int tile, bool keys, Body body) {
-  const int64_t longest = keys ? p.seqlen_k : p.seqlen_q;
-  const int64_t tiles = (longest + tile - 1) / tile;
-  const int64_t items = int64_t(p.batch) * heads * tiles;
+void parallel_items(const Params& p, int64_t n, Body body) {
   const size_t per_thread = BackwardScratch::floats(p);
-  const int threads = int(std::min<int64_t>(cpu_threads(p), items));  // idle threads would only spin
+  const int threads = int(std::min<int64_t>(cpu_threads(p), n));  // idle threads would only spin
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
     BackwardScratch w(p, static_cast<float*>(p.workspace) + omp_get_thread_num() * per_thread);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < items; ++item) {
-      const int64_t t = keys ? item % tiles : tiles - 1 - item % tiles;
-      const int h = int(item / tiles % heads);
-      const int b = int(item / tiles / heads);
-      const int64_t len = keys ? p.seqlen_k_of(b) : p.seqlen_q_of(b);
-      if (t * tile < len) body(b, h, t * tile, w);
-    }
+    for (int64_t item = 0; item < n; ++item) body(item, w);
   }
+}
+
+// Runs body(b, head, row0, scratch) over batch x heads x tiles of `tile` rows; query tiles run
+// last-first, since under a causal mask they see the most keys.
+template <typename Body>
+void parallel_tiles(const Params& p, int heads, int tile, bool keys, Body body) {
+  const int64_t longest = keys ? p.seqlen_k : p.seqlen_q;
+  const int64_t tiles = (longest + tile - 1) / tile;
+  parallel_items(p, int64_t(p.batch) * heads * tiles, [&](int64_t item, BackwardScratch& w) {
+    const int64_t t = keys ? item % tiles : tiles - 1 - item % tiles;
+    const int h = int(item / tiles % heads);
+    const int b = int(item / tiles / heads);
+    const int64_t len = keys ? p.seqlen_k_of(b) : p.seqlen_q_of(b);
+    if (t * tile < len) body(b, h, t * tile, w);
+  });
 }
 
 }  // namespace
@@ -228,14 +233,9 @@ size_t backward_workspace_bytes(const Params& p) {
 Status backward(const Params& p) {
   const Ctx c{p, row_codec(p.dtype)};
   if (use_single_pass(p)) {
-    const int64_t groups = int64_t(p.batch) * p.heads_kv;
-    const size_t per_thread = BackwardScratch::floats(p);
-#pragma omp parallel num_threads(int(std::min<int64_t>(cpu_threads(p), groups)))
-    {
-      BackwardScratch w(p, static_cast<float*>(p.workspace) + omp_get_thread_num() * per_thread);
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t g = 0; g < groups; ++g) single_pass_group(c, int(g / p.heads_kv), int(g % p.heads_kv), w);
-    }
+    parallel_items(p, int64_t(p.batch) * p.heads_kv, [&](int64_t g, BackwardScratch& w) {
+      single_pass_group(c, int(g / p.heads_kv), int(g % p.heads_kv), w);
+    });
     return Status::ok();
   }
   parallel_tiles(p, p.heads_kv, kBlockK, true,

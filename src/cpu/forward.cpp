@@ -70,10 +70,9 @@ struct ForwardScratch {
     m = a.take(kBlockQ);
     l = a.take(kBlockQ);
     corr = a.take(kBlockQ);
-    // The softmax step reads whole vectors of query lanes, past nq: keep them initialised.
+    // The softmax step reads whole vectors of query lanes past nq, which the few-rows path of
+    // attend() leaves unwritten: keep them initialised.
     std::fill(s, s + kBlockK * kBlockQ, 0.f);
-    std::fill(m, m + kBlockQ, kNegInf);
-    std::fill(l, l + kBlockQ, 0.f);
   }
 };
 

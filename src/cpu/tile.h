@@ -90,7 +90,6 @@ struct ScoreRule {
 // Keys seen by rows [i0, i0 + nq), and rows that see keys [j0, j0 + nk): half-open spans.
 struct Span {
   int64_t begin = 0, end = 0;
-  bool empty() const { return begin >= end; }
 };
 inline Span keys_seen(const semantics::Window& w, int64_t i0, int nq) {
   return Span{w.first_key(i0), w.last_key(i0 + nq - 1) + 1};
