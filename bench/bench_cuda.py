@@ -13,6 +13,7 @@ import argparse
 import ctypes
 import datetime
 import json
+import os
 import subprocess
 import sys
 
@@ -145,14 +146,15 @@ def flops(b, h, n, d, causal, backward):
     return f * (2.5 if backward else 1.0)
 
 
-def sdpa_timings(backend, q, k, v, dout, causal):
-    """(forward ms, backward ms) of torch SDPA with one backend, or None if it refuses."""
+def sdpa_timings(backend, q, k, v, dout, causal, forward_only=False):
+    """(forward ms, backward ms or None, output) of torch SDPA with one backend, or None if it refuses."""
     qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
     try:
         with sdpa_kernel([backend]):
             fwd = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
             out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
-            bwd = median_ms(lambda: torch.autograd.grad(out, (qg, kg, vg), dout, retain_graph=True))
+            bwd = None if forward_only else median_ms(
+                lambda: torch.autograd.grad(out, (qg, kg, vg), dout, retain_graph=True))
         return fwd, bwd, out.detach()
     except RuntimeError as e:
         print(f"  {backend}: {str(e).splitlines()[0]}", file=sys.stderr)
@@ -163,6 +165,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--library", required=True, help="path to libflashattn.so built with CUDA")
     ap.add_argument("--quick", action="store_true", help="N in {1k, 4k, 16k} only")
+    ap.add_argument("--forward-only", action="store_true", help="skip the backward measurements")
+    ap.add_argument("--long", action="store_true",
+                    help="long-context rows instead: B=1, H=16, d=128, causal, N = 64k, 128k, 256k")
     ap.add_argument("--markdown", help="write the table here as well")
     ap.add_argument("--jsonl", help="one JSON object per measurement")
     args = ap.parse_args()
@@ -171,60 +176,71 @@ def main():
     dev = torch.device("cuda")
     torch.manual_seed(0)
     lengths = [1024, 4096, 16384] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
+    shapes = [(16384 // n, 2048 // d, n, d, causal) for d in (64, 128, 256) for n in lengths for causal in (False, True)]
+    if args.long:
+        shapes = [(1, 16, n, 128, True) for n in (65536, 131072, 262144)]
     rows, records = [], []
-    for d in (64, 128, 256):
-        heads = 2048 // d
-        for n in lengths:
-            b = 16384 // n
-            for causal in (False, True):
-                q, k, v, dout = (torch.randn(b, heads, n, d, device=dev, dtype=torch.bfloat16) for _ in range(4))
-                out = torch.empty_like(q)
-                lse = torch.empty(b, heads, n, device=dev, dtype=torch.float32)
-                dq, dk, dv = (torch.empty_like(q) for _ in range(3))
-                ours_fwd = fa.forward_call(q, k, v, out, lse, causal)
-                ours_fwd()
-                ms = {"ours": (median_ms(ours_fwd),)}
-                bwd = fa.backward_call(dout, q, k, v, out, lse, dq, dk, dv, causal, False)
-                det = fa.backward_call(dout, q, k, v, out, lse, dq, dk, dv, causal, True)
-                ms["ours"] += (median_ms(bwd), median_ms(det))
-                ref = None
-                for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
-                    r = sdpa_timings(backend, q, k, v, dout, causal)
-                    if r:
-                        ms[name] = r[:2]
-                        ref = r[2] if ref is None else ref
-                err = (out.float() - ref.float()).abs().max().item() if ref is not None else float("nan")
-                fl_f, fl_b = flops(b, heads, n, d, causal, False), flops(b, heads, n, d, causal, True)
-                tf = lambda fl, t: fl / (t * 1e-3) / 1e12 if t else float("nan")
-                row = dict(d=d, n=n, batch=b, heads=heads, causal=causal, max_abs_diff_vs_sdpa=err)
-                row["ours_fwd"], row["ours_bwd"], row["ours_bwd_det"] = (
-                    tf(fl_f, ms["ours"][0]), tf(fl_b, ms["ours"][1]), tf(fl_b, ms["ours"][2]))
-                for name in ("flash", "cudnn"):
-                    f_ms, b_ms = ms.get(name, (None, None))
-                    row[f"{name}_fwd"], row[f"{name}_bwd"] = tf(fl_f, f_ms), tf(fl_b, b_ms)
-                rows.append(row)
-                records.append(row)
-                print(json.dumps(row), flush=True)
-                del q, k, v, dout, out, lse, dq, dk, dv, ours_fwd, bwd, det
-                torch.cuda.empty_cache()
+    for b, heads, n, d, causal in shapes:
+        q, k, v, dout = (torch.randn(b, heads, n, d, device=dev, dtype=torch.bfloat16) for _ in range(4))
+        out = torch.empty_like(q)
+        lse = torch.empty(b, heads, n, device=dev, dtype=torch.float32)
+        dq, dk, dv = (torch.empty_like(q) for _ in range(3))
+        ours_fwd = fa.forward_call(q, k, v, out, lse, causal)
+        ours_fwd()
+        ms = {"ours": (median_ms(ours_fwd),)}
+        # The mma.sync (sm80) forward too, where the sm_90a one serves by default.
+        os.environ["FLASHATTN_CUDA_KERNELS"] = "sm80"
+        ms["sm80"] = (median_ms(fa.forward_call(q, k, v, out, lse, causal)),)
+        del os.environ["FLASHATTN_CUDA_KERNELS"]
+        ours_fwd()  # out and lse of the default kernels, compared below
+        if args.forward_only:
+            ms["ours"] += (None, None)
+        else:
+            bwd = fa.backward_call(dout, q, k, v, out, lse, dq, dk, dv, causal, False)
+            det = fa.backward_call(dout, q, k, v, out, lse, dq, dk, dv, causal, True)
+            ms["ours"] += (median_ms(bwd), median_ms(det))
+        ref = None
+        for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+            r = sdpa_timings(backend, q, k, v, dout, causal, args.forward_only)
+            if r:
+                ms[name] = r[:2]
+                ref = r[2] if ref is None else ref
+        err = (out.float() - ref.float()).abs().max().item() if ref is not None else float("nan")
+        fl_f, fl_b = flops(b, heads, n, d, causal, False), flops(b, heads, n, d, causal, True)
+        tf = lambda fl, t: fl / (t * 1e-3) / 1e12 if t else float("nan")
+        row = dict(d=d, n=n, batch=b, heads=heads, causal=causal, max_abs_diff_vs_sdpa=err)
+        row["ours_fwd"], row["ours_bwd"], row["ours_bwd_det"] = (
+            tf(fl_f, ms["ours"][0]), tf(fl_b, ms["ours"][1]), tf(fl_b, ms["ours"][2]))
+        row["sm80_fwd"] = tf(fl_f, ms["sm80"][0])
+        for name in ("flash", "cudnn"):
+            f_ms, b_ms = ms.get(name, (None, None))
+            row[f"{name}_fwd"], row[f"{name}_bwd"] = tf(fl_f, f_ms), tf(fl_b, b_ms)
+        rows.append(row)
+        records.append(row)
+        print(json.dumps(row), flush=True)
+        del q, k, v, dout, out, lse, dq, dk, dv, ours_fwd
+        torch.cuda.empty_cache()
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     lines = [f"{datetime.date.today()} · {torch.cuda.get_device_name()} · torch {torch.__version__} · "
              f"cuDNN {torch.backends.cudnn.version()} · commit {commit or 'unknown'} · bf16, B·N = 16k, H = 2048/d",
              "",
-             "| d | N | causal | ours fwd | FLASH fwd | cuDNN fwd | ours/FLASH | ours/cuDNN | ours bwd | det bwd |"
-             " FLASH bwd | cuDNN bwd | ours/FLASH | ours/cuDNN | det/default |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| B | H | d | N | causal | ours fwd | sm80 fwd | FLASH fwd | cuDNN fwd | ours/cuDNN | sm80/FLASH "
+             "| ours bwd | det bwd | FLASH bwd | cuDNN bwd | ours/FLASH | ours/cuDNN | det/default |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     ratio = lambda a, b: f"{a / b:.2f}" if a == a and b == b and b else "-"
     num = lambda x: f"{x:.0f}" if x == x else "-"
     for r in rows:
         lines.append(
-            f"| {r['d']} | {r['n']} | {'yes' if r['causal'] else 'no'} | {num(r['ours_fwd'])} | {num(r['flash_fwd'])} "
-            f"| {num(r['cudnn_fwd'])} | {ratio(r['ours_fwd'], r['flash_fwd'])} | {ratio(r['ours_fwd'], r['cudnn_fwd'])} "
+            f"| {r['batch']} | {r['heads']} | {r['d']} | {r['n']} | {'yes' if r['causal'] else 'no'} "
+            f"| {num(r['ours_fwd'])} | {num(r['sm80_fwd'])} | {num(r['flash_fwd'])} "
+            f"| {num(r['cudnn_fwd'])} | {ratio(r['ours_fwd'], r['cudnn_fwd'])} | {ratio(r['sm80_fwd'], r['flash_fwd'])} "
             f"| {num(r['ours_bwd'])} | {num(r['ours_bwd_det'])} | {num(r['flash_bwd'])} | {num(r['cudnn_bwd'])} "
             f"| {ratio(r['ours_bwd'], r['flash_bwd'])} | {ratio(r['ours_bwd'], r['cudnn_bwd'])} "
             f"| {ratio(r['ours_bwd_det'], r['ours_bwd'])} |")
-    table = "\n".join(lines) + "\n\nTFLOP/s (forward 4·B·H·N²·d, halved when causal; backward 2.5×).\n"
+    table = "\n".join(lines) + ("\n\nTFLOP/s (forward 4·B·H·N²·d, halved when causal; backward 2.5×). "
+                                 "ours = the kernels the library picks (sm_90a forward on Hopper); "
+                                 "sm80 = the mma.sync forward, FLASHATTN_CUDA_KERNELS=sm80.\n")
     print(table)
     if args.markdown:
         open(args.markdown, "w").write(table)

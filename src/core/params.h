@@ -25,7 +25,7 @@ struct Params {
   DType dtype = DType::f32;  // of q, k, v, out and their gradients
   int batch = 0, heads_q = 0, heads_kv = 0, head_dim = 0, head_dim_v = 0;
   int seqlen_q = 0, seqlen_k = 0;  // varlen: the upper bounds max_seqlen_q / max_seqlen_k
-  int64_t total_q = 0;             // varlen: rows of q
+  int64_t total_q = 0, total_k = 0;  // varlen: rows of q and of k/v
 
   bool variable_length = false;           // then cu_seqlens_* give the sequences
   const int32_t* cu_seqlens_q = nullptr;  // may be null in shape-only queries

@@ -250,6 +250,7 @@ Status build_params(const CallArgs& a, Params* out_params) {
     p.cu_seqlens_k = static_cast<const int32_t*>(o.cu_seqlens_k->data);
     p.variable_length = true;
     p.total_q = q.shape[0];
+    p.total_k = k.shape[0];
   } else {
     batch = q.shape[0];
     seqlen_q = q.shape[1];

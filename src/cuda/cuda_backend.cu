@@ -2,14 +2,18 @@
 // much workspace), shared by supports(), workspace_bytes() and run() so they cannot disagree.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <iterator>
 
 #include "core/backend.h"
 #include "cuda/device.h"
+#include "cuda/dispatch.h"
 #include "cuda/launch.h"
 #include "cuda/sm80/backward_kernel.cuh"
 #include "cuda/sm80/forward_kernel.cuh"
 #include "cuda/sm80/tile_shapes.h"
+#include "cuda/sm90/tile_shapes.h"
 #include "cuda/variants.h"
 
 namespace flashattn::cuda {
@@ -49,6 +53,54 @@ const Variant* find_variant(DType dtype, int padded) {
   for (const Variant& v : kVariants)
     if (v.dtype == dtype && v.head_dim == padded) return &v;
   return nullptr;
+}
+
+// The sm_90a forward kernels, ascending head dims per dtype.
+struct HopperVariant {
+  DType dtype;
+  int head_dim;
+  Launcher forward;
+};
+#ifdef FLASHATTN_WITH_SM90
+#define FLASHATTN_SM90_ROW(T, D) HopperVariant{dtype_of<T>(), D, &sm90::launch_forward<T, D>},
+constexpr HopperVariant kHopperVariants[] = {FLASHATTN_SM90_FOR_EACH_VARIANT(FLASHATTN_SM90_ROW)};
+#undef FLASHATTN_SM90_ROW
+#else
+constexpr HopperVariant kHopperVariants[] = {{DType::f32, 0, nullptr}};  // none: f32 never matches
+#endif
+
+// FLASHATTN_CUDA_KERNELS=sm80 keeps every call on the mma.sync kernels (to test or compare them).
+bool hopper_kernels_allowed() {
+  const char* choice = std::getenv("FLASHATTN_CUDA_KERNELS");
+  return !(choice && std::strcmp(choice, "sm80") == 0);
+}
+
+// The forward that serves `p`: the sm_90a kernel of the smallest compiled head dim >= d on a
+// compute capability 9.0 device, unless the call has dropout (the sm80 kernel draws it);
+// otherwise the sm80 kernel. Shapes and sizes come from the chosen kernel's own tables.
+struct ForwardChoice {
+  Launcher launch = nullptr;
+  int padded = 0;  // head dim of the kernel (pitch of the split partials)
+  int block_m = 0, block_n = 0;
+  int blocks_per_sm = 0;  // resident blocks the split decision counts on
+  int smem = 0;
+  bool hopper = false;
+};
+
+ForwardChoice choose_forward(const Params& p) {
+  ForwardChoice c;
+  if (!p.has_dropout() && hopper_kernels_allowed() && device_info(p.device_index).compute_capability == 90) {
+    for (const HopperVariant& v : kHopperVariants)
+      if (v.forward && v.dtype == p.dtype && v.head_dim >= p.head_dim) {
+        const sm90::ForwardShape s = sm90::forward_shape(v.head_dim);
+        return {v.forward, v.head_dim, s.block_m, s.block_n, 1, sm90::forward_smem_bytes(v.head_dim), true};
+      }
+  }
+  c.padded = padded_head_dim(p.head_dim);
+  const Variant* v = c.padded ? find_variant(p.dtype, c.padded) : nullptr;
+  if (!v) return c;
+  const ForwardShape s = forward_shape(c.padded);
+  return {v->forward, c.padded, s.block_m, s.block_n, 2, v->forward_smem, false};
 }
 
 int64_t packed_rows_q(const Params& p) { return p.varlen() ? p.total_q : int64_t(p.batch) * p.seqlen_q; }
@@ -103,7 +155,7 @@ Status supports(const Params& p) {
   if (info.compute_capability != 0 && info.compute_capability < 80)
     return unsupported("cuda:", p.device_index, " has compute capability ", info.compute_capability / 10, ".",
                        info.compute_capability % 10, "; the cuda backend needs 8.0 or newer");
-  const int smem = backward ? variant->backward_smem : variant->forward_smem;
+  const int smem = backward ? variant->backward_smem : choose_forward(p).smem;
   if (info.max_smem_per_block != 0 && smem > info.max_smem_per_block)
     return unsupported("head dim=", p.head_dim, " ", backward ? "backward" : "forward", " needs ", smem,
                        " bytes of shared memory per block; cuda:", p.device_index, " offers ", info.max_smem_per_block);
@@ -111,15 +163,14 @@ Status supports(const Params& p) {
 }
 
 // Key splits of a forward: more than one only when batch x heads x query tiles cannot fill the
-// GPU (about two blocks per multiprocessor). Among split counts that do not repeat a per-split
-// block count, the smallest whose wave efficiency is within 85% of the best.
-int forward_splits(const Params& p, int padded) {
-  const ForwardShape shape = forward_shape(padded);
-  const int64_t m_blocks = (int64_t(p.seqlen_q) + shape.block_m - 1) / shape.block_m;
-  const int64_t n_blocks = (int64_t(p.seqlen_k) + shape.block_n - 1) / shape.block_n;
+// GPU (its resident blocks). Among split counts that do not repeat a per-split block count, the
+// smallest whose wave efficiency is within 85% of the best.
+int forward_splits(const Params& p, const ForwardChoice& c) {
+  const int64_t m_blocks = (int64_t(p.seqlen_q) + c.block_m - 1) / c.block_m;
+  const int64_t n_blocks = (int64_t(p.seqlen_k) + c.block_n - 1) / c.block_n;
   const int64_t tiles = int64_t(p.batch) * p.heads_q * m_blocks;
   const int sms = device_info(p.device_index).multiprocessors;
-  const double slots = 2.0 * sms;
+  const double slots = double(c.blocks_per_sm) * sms;
   if (sms == 0 || tiles == 0 || n_blocks < 2 || double(tiles) >= 0.8 * slots) return 1;
   const int max_splits = int(std::min<int64_t>({128, sms, n_blocks}));
   auto blocks_per_split = [&](int s) { return (n_blocks + s - 1) / s; };
@@ -165,9 +216,10 @@ struct Workspace {
       return start;
     };
     if (p.pass == Pass::forward) {
-      const int splits = forward_splits(p, padded);
+      const ForwardChoice c = choose_forward(p);
+      const int splits = forward_splits(p, c);
       if (splits > 1) {
-        w.partial_out = take(size_t(splits) * rows * padded * sizeof(float));
+        w.partial_out = take(size_t(splits) * rows * c.padded * sizeof(float));
         w.partial_lse = take(size_t(splits) * rows * sizeof(float));
       }
     } else {
@@ -205,6 +257,7 @@ KernelParams kernel_params(const Params& p, int padded) {
   k.seqlen_k = p.seqlen_k;
   k.head_dim = p.head_dim;
   k.rows_q = packed_rows_q(p);
+  k.rows_k = p.varlen() ? p.total_k : int64_t(p.batch) * p.seqlen_k;
   k.scale = p.scale;
   k.softcap = p.softcap;
   k.window_left = p.window_left;
@@ -219,7 +272,7 @@ KernelParams kernel_params(const Params& p, int padded) {
   auto* base = static_cast<unsigned char*>(p.workspace);
   const Workspace w = Workspace::of(p);
   if (p.pass == Pass::forward) {
-    k.num_splits = forward_splits(p, padded);
+    k.num_splits = forward_splits(p, choose_forward(p));
     if (k.num_splits > 1) {
       k.partial_out = reinterpret_cast<float*>(base + w.partial_out);
       k.partial_lse = reinterpret_cast<float*>(base + w.partial_lse);
@@ -243,7 +296,7 @@ Status run(const Params& p) {
   DeviceGuard guard(p.device_index);
   const KernelParams k = kernel_params(p, padded);
   const auto stream = static_cast<cudaStream_t>(p.stream);
-  if (p.pass == Pass::forward) return k.rows_q == 0 ? Status::ok() : variant->forward(k, stream);
+  if (p.pass == Pass::forward) return k.rows_q == 0 ? Status::ok() : choose_forward(p).launch(k, stream);
   return variant->backward(k, stream);
 }
 
@@ -263,6 +316,9 @@ void release(void* ptr, const Params& p) {
 }
 
 }  // namespace
+
+const char* forward_kernels(const Params& p) { return choose_forward(p).hopper ? "sm90" : "sm80"; }
+
 }  // namespace flashattn::cuda
 
 namespace flashattn {

@@ -19,7 +19,7 @@ struct KernelParams {
   int seqlen_q = 0, seqlen_k = 0;  // varlen: the upper bounds
   int head_dim = 0;                // real head dim (<= the compiled one; the rest is zero padding)
   int64_t rows_q = 0;              // packed query rows: batch * seqlen_q, or total_q when varlen
-  int64_t rows_k = 0;
+  int64_t rows_k = 0;              // packed key rows: batch * seqlen_k, or total_k when varlen
 
   float scale = 1.f, softcap = 0.f;
   int window_left = -1, window_right = -1;

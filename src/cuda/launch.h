@@ -32,4 +32,10 @@ Status launch_backward_prepare(const KernelParams& p, int padded_head_dim, cudaS
 template <typename T>
 Status launch_backward_finish(const KernelParams& p, int padded_head_dim, cudaStream_t stream);
 
+namespace sm90 {
+// The sm_90a forward (TMA, wgmma, warp specialisation); no dropout.
+template <typename T, int kD>
+Status launch_forward(const KernelParams& p, cudaStream_t stream);
+}  // namespace sm90
+
 }  // namespace flashattn::cuda

@@ -4,10 +4,13 @@
 // deterministic backward. Skipped, saying so, without a GPU.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "cuda/device.h"
+#include "cuda/dispatch.h"
 #include "cuda/gpu_case.h"
 #include "reference/naive.h"
 #include "support/compare.h"
@@ -109,6 +112,24 @@ TEST_F(CudaAttentionRuns, DeterministicBackwardIsBitIdentical) {
   const Params p = g.host.params(Pass::backward);
   const Check check = check_backward(g.host, p, reference::backward(p), reference::naive_backward(p));
   EXPECT_TRUE(check.ok) << c.describe() << "\n" << check.message;
+}
+
+// On a compute capability 9.0 device the sm_90a forward serves every call without dropout
+// (unless FLASHATTN_CUDA_KERNELS=sm80); dropout stays on the sm80 kernel, which draws its mask.
+TEST_F(CudaAttentionRuns, Sm90ForwardServesHopperWithoutDropout) {
+  Params p;
+  p.pass = Pass::forward;
+  p.dtype = DType::bf16;
+  p.head_dim = p.head_dim_v = 96;
+  p.device = FLASHATTN_DEVICE_CUDA;
+  const char* forced = std::getenv("FLASHATTN_CUDA_KERNELS");
+  bool hopper = cuda::device_info(0).compute_capability == 90 && !(forced && std::string(forced) == "sm80");
+#ifndef FLASHATTN_WITH_SM90
+  hopper = false;
+#endif
+  EXPECT_STREQ(cuda::forward_kernels(p), hopper ? "sm90" : "sm80");
+  p.dropout_p = 0.1f;
+  EXPECT_STREQ(cuda::forward_kernels(p), "sm80");
 }
 
 // What the backend cannot run is refused with the argument named, before anything is written.

@@ -82,6 +82,26 @@ struct ScoreRule {
   }
 };
 
+// Key blocks [begin, end) of block_n keys that query rows [m0, m0 + block_m) see, cut to share
+// `split` of `splits` equal shares of the key blocks. Empty when begin >= end.
+struct KeyBlocks {
+  int begin = 0, end = 0;
+
+  __device__ static KeyBlocks of(const ScoreRule& rule, const Sequence& seq, int m0, int block_m, int block_n,
+                                 int splits, int split) {
+    const int last_row = min(m0 + block_m, seq.seqlen_q) - 1;
+    KeyBlocks r;
+    r.begin = int(rule.window.first_key(m0) / block_n);
+    r.end = int((rule.window.last_key(last_row) + block_n) / block_n);  // last_key may be -1
+    if (splits > 1) {
+      const int per_split = ((seq.seqlen_k + block_n - 1) / block_n + splits - 1) / splits;
+      r.begin = max(r.begin, split * per_split);
+      r.end = min(r.end, (split + 1) * per_split);
+    }
+    return r;
+  }
+};
+
 constexpr int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
 
 // How kThreads threads share the 16-byte chunks of a tile: each row is split among

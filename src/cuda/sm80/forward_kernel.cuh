@@ -90,11 +90,12 @@ __device__ __forceinline__ void apply_mask(float (&s)[kTiles][4], const semantic
   }
 }
 
-// Online softmax step of a 16-row tile: new row maxima, rescale of O and of the running sums,
-// S -> P (before dropout).
-template <int kTiles, int kOutTiles>
-__device__ __forceinline__ void softmax_step(float (&s)[kTiles][4], float (&o)[kOutTiles][4], float (&row_max)[2],
-                                             float (&row_sum)[2], float exp_scale) {
+// Online softmax of a 16-row tile without touching O: new row maxima, the factor by which the
+// output and sums of earlier key blocks shrink (`correction`), the running sums, and S -> P
+// (before dropout).
+template <int kTiles>
+__device__ __forceinline__ void exponentiate_scores(float (&s)[kTiles][4], float (&row_max)[2], float (&row_sum)[2],
+                                                    float exp_scale, float (&correction)[2]) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     float mx = row_max[half];
@@ -103,14 +104,9 @@ __device__ __forceinline__ void softmax_step(float (&s)[kTiles][4], float (&o)[k
     mx = quad_max(mx);
     // A row with nothing visible yet keeps max = -inf; subtracting 0 then keeps P = 0 (no NaN).
     const float shift = mx == kNegInf ? 0.f : mx * exp_scale;
-    const float correction = fast_exp2(row_max[half] * exp_scale - shift);
+    correction[half] = fast_exp2(row_max[half] * exp_scale - shift);
     row_max[half] = mx;
-    row_sum[half] *= correction;
-#pragma unroll
-    for (int dt = 0; dt < kOutTiles; ++dt) {
-      o[dt][2 * half] *= correction;
-      o[dt][2 * half + 1] *= correction;
-    }
+    row_sum[half] *= correction[half];
 #pragma unroll
     for (int nt = 0; nt < kTiles; ++nt)
 #pragma unroll
@@ -119,6 +115,24 @@ __device__ __forceinline__ void softmax_step(float (&s)[kTiles][4], float (&o)[k
         row_sum[half] += s[nt][e];
       }
   }
+}
+
+template <int kOutTiles>
+__device__ __forceinline__ void rescale_output(float (&o)[kOutTiles][4], const float (&correction)[2]) {
+#pragma unroll
+  for (int dt = 0; dt < kOutTiles; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[dt][e] *= correction[e / 2];
+}
+
+// Online softmax step of a 16-row tile: new row maxima, rescale of O and of the running sums,
+// S -> P (before dropout).
+template <int kTiles, int kOutTiles>
+__device__ __forceinline__ void softmax_step(float (&s)[kTiles][4], float (&o)[kOutTiles][4], float (&row_max)[2],
+                                             float (&row_sum)[2], float exp_scale) {
+  float correction[2];
+  exponentiate_scores(s, row_max, row_sum, exp_scale, correction);
+  rescale_output(o, correction);
 }
 
 // Zeroes the dropped probabilities of a 16-row tile. One Philox call gives the draws of 8 keys
@@ -170,15 +184,8 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads)
   if (m0 >= seq.seqlen_q) return;
   const ScoreRule rule = ScoreRule::make(p, seq, b, h);
 
-  // Key blocks seen by rows [m0, m0 + kM), cut to this split's share.
-  const int last_row = min(m0 + kM, seq.seqlen_q) - 1;
-  int n_begin = int(rule.window.first_key(m0) / kN);
-  int n_end = int((rule.window.last_key(last_row) + kN) / kN);  // exclusive; last_key may be -1
-  if (p.num_splits > 1) {
-    const int per_split = ((seq.seqlen_k + kN - 1) / kN + p.num_splits - 1) / p.num_splits;
-    n_begin = max(n_begin, split * per_split);
-    n_end = min(n_end, (split + 1) * per_split);
-  }
+  const KeyBlocks blocks = KeyBlocks::of(rule, seq, m0, kM, kN, p.num_splits, split);
+  const int n_begin = blocks.begin, n_end = blocks.end;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int hk = h / p.group;

@@ -1,0 +1,12 @@
+// Which CUDA kernels serve a call, for reports and tests (the backend itself dispatches in
+// cuda_backend.cu with the same decision).
+#pragma once
+
+#include "core/params.h"
+
+namespace flashattn::cuda {
+
+// "sm90" when the sm_90a forward (TMA, wgmma) runs `p`'s forward pass, else "sm80" (mma.sync).
+const char* forward_kernels(const Params& p);
+
+}  // namespace flashattn::cuda

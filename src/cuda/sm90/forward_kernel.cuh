@@ -1,0 +1,342 @@
+// Forward attention on sm_90a: TMA, wgmma and warp specialisation (the FlashAttention-3 scheme).
+//
+// A block of three warpgroups owns a tile of 128 query rows of one (batch, head). The producer
+// warpgroup gives up its registers and one thread streams Q once and K/V tiles through a ring of
+// shared-memory stages by TMA, each stage guarded by a `full` mbarrier (bytes landed) and an
+// `empty` one (consumers done). Each consumer warpgroup owns 64 query rows: S = Q K^T with both
+// operands in shared memory, the online softmax in registers, O += P V with P straight from the
+// score registers. Within a warpgroup, the softmax of block n runs while the tensor cores do
+// P V of block n + 1; across the two warpgroups, a pair of named barriers makes them take turns
+// issuing GEMMs (pingpong), so one's softmax hides under the other's matrix work. Key blocks are
+// visited last to first, so only the first ones meet the causal diagonal or the end of the keys.
+#pragma once
+
+#include <cuda.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/common/mma.cuh"
+#include "cuda/common/numeric.cuh"
+#include "cuda/kernel_params.h"
+#include "cuda/sm80/attention_common.cuh"
+#include "cuda/sm80/forward_kernel.cuh"
+#include "cuda/sm90/barrier.cuh"
+#include "cuda/sm90/tile_shapes.h"
+#include "cuda/sm90/tma.cuh"
+#include "cuda/sm90/wgmma.cuh"
+
+namespace flashattn::cuda::sm90 {
+
+// The kernel's parameter: the common digest and the TMA maps of q, k and v.
+struct ForwardArgs {
+  CUtensorMap q, k, v;
+  KernelParams p;
+};
+
+template <typename T, int kD>
+struct ForwardConfig {
+  static constexpr ForwardShape kShape = forward_shape(kD);
+  static constexpr int kM = kShape.block_m, kN = kShape.block_n, kStages = kShape.stages;
+  static constexpr bool kPingpong = kShape.pingpong;
+  static constexpr int kConsumers = kM / 64;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  using QTile = SwizzledTile<kM, kD>;
+  using KVTile = SwizzledTile<kN, kD>;
+  // Shared memory: Q, K stages, V stages, then the mbarriers; 1024-byte aligned tiles.
+  static constexpr int kKOffset = QTile::kBytes;
+  static constexpr int kVOffset = kKOffset + kStages * KVTile::kBytes;
+  static constexpr int kBarrierOffset = kVOffset + kStages * KVTile::kBytes;
+  static constexpr int kBarriers = 1 + 4 * kStages;
+  static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;  // + slack to align the base
+  static_assert(kSmemBytes == forward_smem_bytes(kD), "the host reads the same size");
+  // Register budgets after reallocation (multiples of 8; 128 * producer + 256 * consumer <= 64 K).
+  static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
+  static_assert(kConsumers == 2, "the pingpong and register budgets assume two consumer warpgroups");
+};
+
+// Named barriers: 1 + c is consumer c's turn to issue GEMMs; 3 + c its epilogue.
+constexpr int kTurnBarrier = 1, kEpilogueBarrier = 3;
+
+// The mbarriers of the ring, in the order they sit in shared memory.
+template <int kStages>
+struct Barriers {
+  uint32_t base;
+  __device__ uint32_t q_full() const { return base; }
+  __device__ uint32_t k_full(int s) const { return base + 8 * (1 + s); }
+  __device__ uint32_t k_empty(int s) const { return base + 8 * (1 + kStages + s); }
+  __device__ uint32_t v_full(int s) const { return base + 8 * (1 + 2 * kStages + s); }
+  __device__ uint32_t v_empty(int s) const { return base + 8 * (1 + 3 * kStages + s); }
+};
+
+// Stage and phase parity of the i-th tile streamed through a ring of kStages.
+template <int kStages>
+struct RingSlot {
+  int stage;
+  uint32_t parity;
+  __device__ static RingSlot of(int i) { return {i % kStages, uint32_t(i / kStages) & 1u}; }
+};
+
+// Block coordinates shared by the producer and the consumers.
+struct ForwardTile {
+  int b, h, m0, split;
+  Sequence seq;
+};
+
+template <typename C>
+__device__ void produce(const ForwardArgs& args, const ForwardTile& t, KeyBlocks blocks, uint32_t smem,
+                        const Barriers<C::kStages>& bars) {
+  const KernelParams& p = args.p;
+  tma_prefetch_map(args.q);
+  tma_prefetch_map(args.k);
+  tma_prefetch_map(args.v);
+  if (blocks.begin >= blocks.end) return;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int batch = varlen ? 0 : t.b;  // varlen maps are one batch of packed rows
+  const int hk = t.h / p.group;
+  mbarrier_arrive_expect_tx(bars.q_full(), C::QTile::kBytes);
+#pragma unroll
+  for (int cb = 0; cb < C::QTile::kCols / 64; ++cb)
+    tma_load_4d(smem + cb * C::QTile::kBlockBytes, args.q, bars.q_full(), cb * 64, int(t.seq.q_start) + t.m0, t.h,
+                batch);
+  int i = 0;
+  for (int n = blocks.end - 1; n >= blocks.begin; --n, ++i) {
+    const RingSlot<C::kStages> slot = RingSlot<C::kStages>::of(i);
+    const int row = int(t.seq.k_start) + n * C::kN;
+    const uint32_t k_tile = smem + C::kKOffset + slot.stage * C::KVTile::kBytes;
+    const uint32_t v_tile = smem + C::kVOffset + slot.stage * C::KVTile::kBytes;
+    mbarrier_wait(bars.k_empty(slot.stage), slot.parity ^ 1u);
+    mbarrier_arrive_expect_tx(bars.k_full(slot.stage), C::KVTile::kBytes);
+#pragma unroll
+    for (int cb = 0; cb < C::KVTile::kCols / 64; ++cb)
+      tma_load_4d(k_tile + cb * C::KVTile::kBlockBytes, args.k, bars.k_full(slot.stage), cb * 64, row, hk, batch);
+    mbarrier_wait(bars.v_empty(slot.stage), slot.parity ^ 1u);
+    mbarrier_arrive_expect_tx(bars.v_full(slot.stage), C::KVTile::kBytes);
+#pragma unroll
+    for (int cb = 0; cb < C::KVTile::kCols / 64; ++cb)
+      tma_load_4d(v_tile + cb * C::KVTile::kBlockBytes, args.v, bars.v_full(slot.stage), cb * 64, row, hk, batch);
+  }
+}
+
+// One consumer warpgroup: 64 query rows through every key block of the tile.
+template <typename T, int kD, bool kGeneral>
+struct Consumer {
+  using C = ForwardConfig<T, kD>;
+  static constexpr int kN = C::kN;
+  using Elem = typename T::storage;
+
+  const KernelParams& p;
+  const ForwardTile& t;
+  const ScoreRule& rule;
+  uint32_t smem;
+  Barriers<C::kStages> bars;
+  int wg;           // consumer index
+  int row0;         // sequence row of this warp's first query row
+  float o[kD / 8][4] = {};
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+
+  __device__ uint32_t k_tile(int stage) const { return smem + C::kKOffset + stage * C::KVTile::kBytes; }
+  __device__ uint32_t v_tile(int stage) const { return smem + C::kVOffset + stage * C::KVTile::kBytes; }
+
+  // Waits for this warpgroup's turn at the tensor cores / hands the turn to the other one.
+  __device__ void take_turn() const {
+    if (C::kPingpong) named_barrier_sync(kTurnBarrier + wg, 256);
+  }
+  __device__ void pass_turn() const {
+    if (C::kPingpong) named_barrier_arrive(kTurnBarrier + (wg ^ 1), 256);
+  }
+  // One arrival per warp frees a stage once all of this warpgroup's wgmma reading it are done.
+  __device__ static void release(uint32_t bar) {
+    if (threadIdx.x % 32 == 0) mbarrier_arrive(bar);
+  }
+
+  __device__ void issue_scores(float (&s)[kN / 8][4], int stage) const {
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+      WgmmaOp<T, kN>::template ss<0>(flat<kN>(s), k_major_descriptor<typename C::QTile>(smem, 64 * wg, kk),
+                                     k_major_descriptor<typename C::KVTile>(k_tile(stage), 0, kk), kk > 0);
+    wgmma_commit();
+  }
+  __device__ void issue_output(uint32_t (&pa)[kN / 16][4], int stage) {
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk)
+      WgmmaOp<T, kD>::template rs<1>(flat<kD>(o), pa[kk], n_major_descriptor<typename C::KVTile>(v_tile(stage), kk), 1);
+    wgmma_commit();
+  }
+
+  // Scores of key block n -> probabilities, returning the rescale factor of the older blocks.
+  __device__ void softmax(float (&s)[kN / 8][4], int n, float (&correction)[2]) {
+    const int64_t j0 = int64_t(n) * kN;
+    if (kGeneral) forward_detail::transform_scores(s, rule, row0, j0);
+    if (!rule.block_unmasked(t.m0 + 64 * wg, 64, j0, kN)) forward_detail::apply_mask(s, rule.window, row0, int(j0));
+    forward_detail::exponentiate_scores(s, row_max, row_sum, kGeneral ? 1.f : rule.exp_scale, correction);
+  }
+
+  static __device__ void to_operand(float (&s)[kN / 8][4], uint32_t (&pa)[kN / 16][4]) {
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk) accumulators_to_a<T>(s[2 * kk], s[2 * kk + 1], pa[kk]);
+  }
+
+  __device__ void run(KeyBlocks blocks) {
+    if (blocks.begin >= blocks.end) return;
+    if (C::kPingpong && wg == 1) named_barrier_arrive(kTurnBarrier + 0, 256);  // consumer 0 goes first
+    mbarrier_wait(bars.q_full(), 0);
+    float s[kN / 8][4];
+    uint32_t pa[kN / 16][4];
+    float correction[2];
+
+    // First key block: S only.
+    RingSlot<C::kStages> slot = RingSlot<C::kStages>::of(0);
+    mbarrier_wait(bars.k_full(slot.stage), slot.parity);
+    take_turn();
+    wgmma_fence();
+    issue_scores(s, slot.stage);
+    pass_turn();
+    wgmma_wait<0>();
+    fence_registers(flat<kN>(s));
+    release(bars.k_empty(slot.stage));
+    softmax(s, blocks.end - 1, correction);
+    to_operand(s, pa);
+
+    // Then S of block n beside O += P V of block n + 1.
+    int i = 0;
+    for (int n = blocks.end - 2; n >= blocks.begin; --n, ++i) {
+      const RingSlot<C::kStages> k_slot = RingSlot<C::kStages>::of(i + 1), v_slot = RingSlot<C::kStages>::of(i);
+      mbarrier_wait(bars.k_full(k_slot.stage), k_slot.parity);
+      take_turn();
+      wgmma_fence();
+      issue_scores(s, k_slot.stage);
+      mbarrier_wait(bars.v_full(v_slot.stage), v_slot.parity);
+      issue_output(pa, v_slot.stage);
+      pass_turn();
+      wgmma_wait<1>();
+      fence_registers(flat<kN>(s));
+      release(bars.k_empty(k_slot.stage));
+      softmax(s, n, correction);
+      wgmma_wait<0>();
+      fence_registers(flat<kD>(o));
+      release(bars.v_empty(v_slot.stage));
+      forward_detail::rescale_output(o, correction);
+      to_operand(s, pa);
+    }
+
+    // Last P V. Consumer 1 passes no turn: consumer 0 takes none after this.
+    slot = RingSlot<C::kStages>::of(i);
+    mbarrier_wait(bars.v_full(slot.stage), slot.parity);
+    take_turn();
+    wgmma_fence();
+    issue_output(pa, slot.stage);
+    if (wg == 0) pass_turn();
+    wgmma_wait<0>();
+    fence_registers(flat<kD>(o));
+    release(bars.v_empty(slot.stage));
+  }
+
+  // O / l and lse; then O through this warpgroup's rows of the Q tile to coalesced 16-byte stores,
+  // or fp32 partials straight from registers when the keys are split.
+  __device__ void finish() {
+    const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+    float lse[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float sum = quad_sum(row_sum[half]);
+      const bool empty = !(sum > 0.f);
+      const float inv = empty ? 0.f : 1.f / sum;
+      lse[half] = empty ? -INFINITY : row_max[half] * (kGeneral ? 1.f : rule.exp_scale) * kLn2 + logf(sum);
+#pragma unroll
+      for (int dt = 0; dt < kD / 8; ++dt) {
+        o[dt][2 * half] *= inv;
+        o[dt][2 * half + 1] *= inv;
+      }
+    }
+    if (p.num_splits > 1) {
+      const int64_t head_rows = (int64_t(t.split) * p.heads_q + t.h) * p.rows_q + t.seq.packed_q;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t i = row0 + g + half * 8;
+        if (i >= t.seq.seqlen_q) continue;
+        float* row = p.partial_out + (head_rows + i) * kD;
+#pragma unroll
+        for (int dt = 0; dt < kD / 8; ++dt)
+          *reinterpret_cast<float2*>(row + dt * 8 + 2 * q) = make_float2(o[dt][2 * half], o[dt][2 * half + 1]);
+        if (q == 0) p.partial_lse[head_rows + i] = lse[half];
+      }
+      return;
+    }
+    if (q == 0 && p.lse) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t i = row0 + g + half * 8;
+        if (i < t.seq.seqlen_q)
+          p.lse[int64_t(t.b) * p.lse_batch + int64_t(t.h) * p.lse_head + t.seq.q_start + i] = lse[half];
+      }
+    }
+    using QTile = typename C::QTile;
+    const int wg_row = 64 * wg, warp_row = wg_row + 16 * ((threadIdx.x % 128) / 32);
+    unsigned char* tile = reinterpret_cast<unsigned char*>(__cvta_shared_to_generic(smem));
+#pragma unroll
+    for (int dt = 0; dt < kD / 8; ++dt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        *reinterpret_cast<uint32_t*>(tile + QTile::offset(warp_row + g + 8 * half, dt * 8 + 2 * q)) =
+            pack2<T>(o[dt][2 * half], o[dt][2 * half + 1]);
+    named_barrier_sync(kEpilogueBarrier + wg, 128);
+    constexpr int kChunksPerRow = kD / 8;
+    Elem* out_rows = operand_row<Elem>(p.out, t.b, t.seq.q_start + t.m0 + wg_row, t.h);
+#pragma unroll 4
+    for (int c = threadIdx.x % 128; c < 64 * kChunksPerRow; c += 128) {
+      const int row = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+      if (t.m0 + wg_row + row < t.seq.seqlen_q && col < p.head_dim)
+        *reinterpret_cast<uint4*>(out_rows + row * p.out.row + col) =
+            *reinterpret_cast<const uint4*>(tile + QTile::offset(wg_row + row, col));
+    }
+  }
+};
+
+// kGeneral: scores need ScoreRule::transform (softcap, ALiBi, non-positive scale).
+template <typename T, int kD, bool kGeneral>
+__global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads, 1)
+    forward_kernel(const __grid_constant__ ForwardArgs args) {
+  using C = ForwardConfig<T, kD>;
+  const KernelParams& p = args.p;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t smem = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
+
+  const int m_blocks = (p.seqlen_q + C::kM - 1) / C::kM;
+  ForwardTile t;
+  t.m0 = (m_blocks - 1 - int(blockIdx.x) % m_blocks) * C::kM;  // causal: longest tiles first
+  t.split = int(blockIdx.x) / m_blocks;
+  t.h = blockIdx.y;
+  t.b = blockIdx.z;
+  t.seq = Sequence::of(p, t.b);
+  if (t.m0 >= t.seq.seqlen_q) return;
+  const ScoreRule rule = ScoreRule::make(p, t.seq, t.b, t.h);
+  const KeyBlocks blocks = KeyBlocks::of(rule, t.seq, t.m0, C::kM, C::kN, p.num_splits, t.split);
+
+  const Barriers<C::kStages> bars{smem + C::kBarrierOffset};
+  if (threadIdx.x == 0) {
+    mbarrier_init(bars.q_full(), 1);
+    for (int s = 0; s < C::kStages; ++s) {
+      mbarrier_init(bars.k_full(s), 1);
+      mbarrier_init(bars.v_full(s), 1);
+      mbarrier_init(bars.k_empty(s), 4 * C::kConsumers);
+      mbarrier_init(bars.v_empty(s), 4 * C::kConsumers);
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+
+  const int wg = int(threadIdx.x) / 128;
+  if (wg == 0) {
+    registers_release<C::kProducerRegisters>();
+    if (threadIdx.x == 0) produce<C>(args, t, blocks, smem, bars);
+  } else {
+    registers_claim<C::kConsumerRegisters>();
+    const int row0 = t.m0 + 64 * (wg - 1) + 16 * ((int(threadIdx.x) % 128) / 32);
+    Consumer<T, kD, kGeneral> consumer{p, t, rule, smem, bars, wg - 1, row0};
+    consumer.run(blocks);
+    consumer.finish();
+  }
+}
+
+}  // namespace flashattn::cuda::sm90

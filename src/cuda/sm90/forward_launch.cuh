@@ -1,0 +1,35 @@
+// Launches the sm_90 forward of one (dtype, head dim) variant: TMA maps of q, k, v, the main
+// kernel, then the sm80 combine kernel when the keys were split.
+#pragma once
+
+#include <type_traits>
+
+#include "cuda/launch.h"
+#include "cuda/sm90/forward_kernel.cuh"
+#include "cuda/sm90/tensor_map.h"
+
+namespace flashattn::cuda::sm90 {
+
+template <typename T, int kD>
+Status launch_forward(const KernelParams& p, cudaStream_t stream) {
+  using C = ForwardConfig<T, kD>;
+  ForwardArgs args;
+  args.p = p;
+  const bool varlen = p.cu_seqlens_q != nullptr, bf16_data = std::is_same_v<T, bf16>;
+  const int64_t batch = varlen ? 1 : p.batch;
+  const int64_t rows_q = varlen ? p.rows_q : p.seqlen_q, rows_k = varlen ? p.rows_k : p.seqlen_k;
+  FA_TRY(make_tensor_map(&args.q, p.q, bf16_data, batch, rows_q, p.heads_q, p.head_dim, C::kM));
+  FA_TRY(make_tensor_map(&args.k, p.k, bf16_data, batch, rows_k, p.heads_kv, p.head_dim, C::kN));
+  FA_TRY(make_tensor_map(&args.v, p.v, bf16_data, batch, rows_k, p.heads_kv, p.head_dim, C::kN));
+  const auto kernel = ScoreRule::is_general(p) ? forward_kernel<T, kD, true> : forward_kernel<T, kD, false>;
+  FA_TRY(device_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes),
+                       "cudaFuncSetAttribute(sm90 forward_kernel)"));
+  const int m_blocks = (p.seqlen_q + C::kM - 1) / C::kM;
+  const dim3 grid(unsigned(m_blocks * p.num_splits), unsigned(p.heads_q), unsigned(p.batch));
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(args);
+  FA_TRY(device_status(cudaGetLastError(), "sm90 forward_kernel launch"));
+  if (p.num_splits > 1) return launch_combine<T>(p, kD, stream);
+  return Status::ok();
+}
+
+}  // namespace flashattn::cuda::sm90

@@ -1,0 +1,81 @@
+// Warpgroup matrix multiply (wgmma, sm_90a): shared-memory descriptors for the 128-byte swizzled
+// tiles that TMA writes, the issue/commit/wait protocol, and the compiler fences that keep
+// register accesses out of an asynchronous wgmma's window.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/sm90/wgmma_ops.cuh"
+
+namespace flashattn::cuda::sm90 {
+
+// A tile of Rows x Cols 16-bit values as TMA writes it with 128-byte swizzle and 64-element boxes:
+// Cols / 64 column blocks one after the other, each Rows rows of 128 bytes, in which the 16-byte
+// chunk c of row r sits at position c ^ (r % 8). The tile must start on a 1024-byte boundary.
+template <int Rows, int Cols>
+struct SwizzledTile {
+  static_assert(Cols % 64 == 0, "128-byte swizzled tiles hold whole 64-column blocks");
+  static_assert(Rows % 8 == 0, "the swizzle pattern repeats every 8 rows");
+  static constexpr int kRows = Rows, kCols = Cols;
+  static constexpr int kBlockBytes = Rows * 128;  // one 64-column block
+  static constexpr int kBytes = kBlockBytes * (Cols / 64);
+
+  __host__ __device__ static constexpr uint32_t offset(int row, int col) {
+    return uint32_t((col / 64) * kBlockBytes + row * 128 + ((((col % 64) / 8) ^ (row % 8)) * 16) + (col % 8) * 2);
+  }
+};
+
+// Matrix descriptor of a 128-byte swizzled operand at shared address `addr` (bits 0-13: address,
+// 16-29: leading byte offset, 32-45: stride byte offset, 62-63: layout 1 = 128-byte swizzle).
+__device__ __forceinline__ uint64_t swizzled_descriptor(uint32_t addr, uint32_t leading_bytes, uint32_t stride_bytes) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(leading_bytes >> 4) << 16) | (uint64_t(stride_bytes >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+
+// K-major operand (rows x k, k contiguous): rows [row0, row0 + M or N) of k-step `kk` (16 columns).
+// 8-row groups are 1024 bytes apart; the leading offset is unused for swizzled K-major layouts.
+template <typename Tile>
+__device__ __forceinline__ uint64_t k_major_descriptor(uint32_t tile, int row0, int kk) {
+  return swizzled_descriptor(tile + Tile::offset(row0, kk * 16), 16, 1024);
+}
+
+// N-major operand B (k rows x N columns, N contiguous, e.g. V of P V): k-step `kk` is 16 rows.
+// 64-column blocks are a block apart (leading offset), 8-row groups 1024 bytes (stride offset).
+template <typename Tile>
+__device__ __forceinline__ uint64_t n_major_descriptor(uint32_t tile, int kk) {
+  return swizzled_descriptor(tile + uint32_t(kk * 16 * 128), Tile::kBlockBytes, 1024);
+}
+
+// Orders this warpgroup's earlier register accesses before the wgmma that follow.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Waits until at most `Pending` committed groups of this warpgroup are still running.
+template <int Pending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending) : "memory");
+}
+
+// Compiler fence on registers that an asynchronous wgmma reads or writes: nvcc may not move
+// accesses of `r` across this point (it would otherwise see the wgmma as done at its issue).
+template <int N>
+__device__ __forceinline__ void fence_registers(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void fence_registers(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+
+// The accumulator of an m64nN wgmma as the sm80 code sees a 16-row mma tile: thread t of the
+// warpgroup holds rows 16 * (t / 32) + (t % 32) / 4 (+ 8) and, in element [j][e], column
+// 8 j + 2 (t % 4) + e % 2 of row + 8 * (e / 2). Both views name the same registers.
+template <int N>
+__device__ __forceinline__ float (&flat(float (&tiles)[N / 8][4]))[N / 2] {
+  return reinterpret_cast<float (&)[N / 2]>(tiles);
+}
+
+}  // namespace flashattn::cuda::sm90

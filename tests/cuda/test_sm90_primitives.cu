@@ -1,0 +1,220 @@
+// The sm_90a primitives of src/cuda/sm90 against host references, on a compute capability 9.0
+// device: TMA loads (swizzled placement, zero fill past every extent, mbarrier completion) and
+// wgmma in the two forms the forward uses, SS with K-major operands (S = Q K^T) and RS with an
+// N-major B (O = P V), over several column blocks of the 128-byte swizzle. Skipped elsewhere.
+#include <gtest/gtest.h>
+
+#include <cuda.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+#include "cuda/device.h"
+#include "cuda/sm90/barrier.cuh"
+#include "cuda/sm90/tensor_map.h"
+#include "cuda/sm90/tma.cuh"
+#include "cuda/sm90/wgmma.cuh"
+#include "cuda/test_device.h"
+
+namespace flashattn::cuda::sm90 {
+namespace {
+
+using test::DeviceBuffer;
+
+__device__ uint32_t aligned_base(unsigned char* smem) {
+  return (uint32_t(__cvta_generic_to_shared(smem)) + 1023u) & ~1023u;
+}
+__device__ unsigned char* generic(uint32_t shared_address) {
+  return static_cast<unsigned char*>(__cvta_shared_to_generic(shared_address));
+}
+
+// Loads one 64 x kRows box at (c0, c1, c2, c3) by TMA and copies the raw shared bytes out.
+template <int kRows>
+__global__ void tma_box(const __grid_constant__ CUtensorMap map, int c0, int c1, int c2, int c3, uint16_t* out) {
+  using Tile = SwizzledTile<kRows, 64>;
+  extern __shared__ unsigned char smem[];
+  const uint32_t tile = aligned_base(smem), bar = tile + Tile::kBytes;
+  if (threadIdx.x == 0) {
+    mbarrier_init(bar, 1);
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    mbarrier_arrive_expect_tx(bar, Tile::kBytes);
+    tma_load_4d(tile, map, bar, c0, c1, c2, c3);
+  }
+  mbarrier_wait(bar, 0);
+  for (int i = threadIdx.x; i < Tile::kBytes / 2; i += blockDim.x)
+    out[i] = reinterpret_cast<const uint16_t*>(generic(tile))[i];
+}
+
+// C[64][N] = A[64][K] B[N][K]^T, both K-major in swizzled shared tiles (S = Q K^T).
+template <int N, int K>
+__global__ void wgmma_ss_product(const uint16_t* a, const uint16_t* b, float* c) {
+  using ATile = SwizzledTile<64, K>;
+  using BTile = SwizzledTile<N, K>;
+  extern __shared__ unsigned char smem[];
+  const uint32_t at = aligned_base(smem), bt = at + ATile::kBytes;
+  for (int i = threadIdx.x; i < 64 * K; i += 128)
+    *reinterpret_cast<uint16_t*>(generic(at + ATile::offset(i / K, i % K))) = a[i];
+  for (int i = threadIdx.x; i < N * K; i += 128)
+    *reinterpret_cast<uint16_t*>(generic(bt + BTile::offset(i / K, i % K))) = b[i];
+  fence_async_shared();
+  __syncthreads();
+  float d[N / 8][4];
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk)
+    WgmmaOp<bf16, N>::template ss<0>(flat<N>(d), k_major_descriptor<ATile>(at, 0, kk),
+                                     k_major_descriptor<BTile>(bt, 0, kk), kk > 0);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_registers(flat<N>(d));
+  const int t = threadIdx.x, row = 16 * (t / 32) + (t % 32) / 4;
+  for (int j = 0; j < N / 8; ++j)
+    for (int e = 0; e < 4; ++e) c[(row + 8 * (e / 2)) * N + 8 * j + 2 * (t % 4) + e % 2] = d[j][e];
+}
+
+// C[64][N] = 1 + P[64][K] V[K][N]: P from registers in the A-fragment layout, V N-major in a
+// swizzled tile (O += P V), accumulating onto ones.
+template <int N, int K>
+__global__ void wgmma_rs_product(const uint16_t* p, const uint16_t* v, float* c) {
+  using VTile = SwizzledTile<K, N>;
+  extern __shared__ unsigned char smem[];
+  const uint32_t vt = aligned_base(smem);
+  for (int i = threadIdx.x; i < K * N; i += 128)
+    *reinterpret_cast<uint16_t*>(generic(vt + VTile::offset(i / N, i % N))) = v[i];
+  fence_async_shared();
+  __syncthreads();
+  const int t = threadIdx.x, r0 = 16 * (t / 32) + (t % 32) / 4, q = t % 4;
+  auto pair = [&](int row, int col) { return uint32_t(p[row * K + col]) | (uint32_t(p[row * K + col + 1]) << 16); };
+  uint32_t a[K / 16][4];
+  for (int kk = 0; kk < K / 16; ++kk) {
+    a[kk][0] = pair(r0, 16 * kk + 2 * q);
+    a[kk][1] = pair(r0 + 8, 16 * kk + 2 * q);
+    a[kk][2] = pair(r0, 16 * kk + 8 + 2 * q);
+    a[kk][3] = pair(r0 + 8, 16 * kk + 8 + 2 * q);
+  }
+  float d[N / 8][4];
+  for (int j = 0; j < N / 8; ++j)
+    for (int e = 0; e < 4; ++e) d[j][e] = 1.f;
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk)
+    WgmmaOp<bf16, N>::template rs<1>(flat<N>(d), a[kk], n_major_descriptor<VTile>(vt, kk), 1);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_registers(flat<N>(d));
+  for (int j = 0; j < N / 8; ++j)
+    for (int e = 0; e < 4; ++e) c[(r0 + 8 * (e / 2)) * N + 8 * j + 2 * q + e % 2] = d[j][e];
+}
+
+struct Bf16Matrix {
+  std::vector<uint16_t> bits;
+  std::vector<float> values;
+};
+Bf16Matrix random_bf16(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  Bf16Matrix m;
+  for (size_t i = 0; i < n; ++i) {
+    m.bits.push_back(float_to_bf16(u(rng)));
+    m.values.push_back(bf16_to_float(m.bits.back()));
+  }
+  return m;
+}
+
+class Sm90Primitives : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!test::gpu_present()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+    if (device_info(0).compute_capability != 90) GTEST_SKIP() << "sm_90a test: device is not compute capability 9.0";
+  }
+};
+
+// A [2, 100, 3, 80] tensor with padded rows: a box reaching past the rows and the head dim
+// arrives zero-filled, the rest in the swizzled positions of SwizzledTile.
+TEST_F(Sm90Primitives, TmaLoadPlacesSwizzledBoxAndZeroFills) {
+  const int batch = 2, rows = 100, heads = 3, dim = 80, row_pitch = 3 * 96;  // heads * 96 elements per row
+  const Bf16Matrix x = random_bf16(size_t(batch) * rows * row_pitch, 5);
+  DeviceBuffer<uint16_t> dx(x.bits);
+  Operand o{dx.get(), int64_t(rows) * row_pitch, row_pitch, 96};
+  CUtensorMap map;
+  ASSERT_TRUE(make_tensor_map(&map, o, true, batch, rows, heads, dim, 64).is_ok());
+  constexpr int kRows = 64;
+  DeviceBuffer<uint16_t> out(kRows * 64);
+  const int c0 = 64, c1 = 60, c2 = 2, c3 = 1;  // columns 64..127 (80.. missing), rows 60..123 (100.. missing)
+  tma_box<kRows><<<1, 128, SwizzledTile<kRows, 64>::kBytes + 1024 + 64>>>(map, c0, c1, c2, c3, out.get());
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<uint16_t> got = out.to_host();
+  int wrong = 0;
+  for (int r = 0; r < kRows; ++r)
+    for (int c = 0; c < 64; ++c) {
+      const int row = c1 + r, col = c0 + c;
+      const uint16_t want = row < rows && col < dim ? x.bits[(size_t(c3) * rows + row) * row_pitch + c2 * 96 + col] : 0;
+      const uint16_t have = got[SwizzledTile<kRows, 64>::offset(r, c) / 2];
+      if (have != want && wrong++ < 5) ADD_FAILURE() << "box (" << r << ", " << c << "): " << have << " != " << want;
+    }
+  EXPECT_EQ(wrong, 0);
+}
+
+template <int N, int K>
+void check_ss() {
+  const Bf16Matrix a = random_bf16(64 * K, 1), b = random_bf16(N * K, 2);
+  DeviceBuffer<uint16_t> da(a.bits), db(b.bits);
+  DeviceBuffer<float> dc(64 * N);
+  const int smem = SwizzledTile<64, K>::kBytes + SwizzledTile<N, K>::kBytes + 1024;
+  cudaFuncSetAttribute(wgmma_ss_product<N, K>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  wgmma_ss_product<N, K><<<1, 128, smem>>>(da.get(), db.get(), dc.get());
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> c = dc.to_host();
+  double worst = 0;
+  for (int i = 0; i < 64; ++i)
+    for (int j = 0; j < N; ++j) {
+      double ref = 0;
+      for (int k = 0; k < K; ++k) ref += double(a.values[i * K + k]) * b.values[j * K + k];
+      worst = std::max(worst, std::abs(ref - c[i * N + j]));
+    }
+  EXPECT_LT(worst, 1e-3) << "N=" << N << " K=" << K;
+}
+
+template <int N, int K>
+void check_rs() {
+  const Bf16Matrix p = random_bf16(64 * K, 3), v = random_bf16(K * N, 4);
+  DeviceBuffer<uint16_t> dp(p.bits), dv(v.bits);
+  DeviceBuffer<float> dc(64 * N);
+  const int smem = SwizzledTile<K, N>::kBytes + 1024;
+  cudaFuncSetAttribute(wgmma_rs_product<N, K>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  wgmma_rs_product<N, K><<<1, 128, smem>>>(dp.get(), dv.get(), dc.get());
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> c = dc.to_host();
+  double worst = 0;
+  for (int i = 0; i < 64; ++i)
+    for (int j = 0; j < N; ++j) {
+      double ref = 1;
+      for (int k = 0; k < K; ++k) ref += double(p.values[i * K + k]) * v.values[k * N + j];
+      worst = std::max(worst, std::abs(ref - c[i * N + j]));
+    }
+  EXPECT_LT(worst, 1e-3) << "N=" << N << " K=" << K;
+}
+
+TEST_F(Sm90Primitives, WgmmaSharedKMajorOperands) {
+  check_ss<128, 128>();  // two 64-column blocks of K
+  check_ss<64, 256>();
+  check_ss<96, 64>();
+}
+
+TEST_F(Sm90Primitives, WgmmaRegisterAWithNMajorB) {
+  check_rs<128, 128>();
+  check_rs<256, 64>();  // four 64-column blocks of N
+  check_rs<64, 96>();
+}
+
+}  // namespace
+}  // namespace flashattn::cuda::sm90
