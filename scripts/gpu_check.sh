@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# Builds flashattn with the CUDA backend, runs every test (GPU tests included), runs
-# compute-sanitizer memcheck and racecheck on a representative subset, and benchmarks the CUDA
-# kernels against PyTorch's SDPA backends, all in one run on a machine with an NVIDIA GPU.
+# Builds flashattn with the CUDA backend, runs every test (GPU tests included, and the forward
+# sweep again on the sm80 kernels), runs compute-sanitizer memcheck, racecheck and synccheck on a
+# representative subset, shows that the sm_90a kernels are on the Hopper path (HGMMA and UTMALDG
+# in their SASS, no spills in ptxas's report), and benchmarks the CUDA kernels against PyTorch's
+# SDPA backends, all in one run on a machine with an NVIDIA GPU.
 #
-#   scripts/gpu_check.sh OUTPUT_DIR [--quick]
+#   scripts/gpu_check.sh OUTPUT_DIR [--quick | --no-bench]
 #
-# Logs land in OUTPUT_DIR: build.log, cpu_tests.log, cuda_tests.log, memcheck.log,
-# racecheck.log, bench.md (and bench.jsonl); the last lines printed are a summary.
-# --quick benchmarks a subset of the shapes. GoogleTest comes from third_party/googletest when
-# the machine has no package (copy /usr/src/googletest there).
+# Logs land in OUTPUT_DIR: build.log, cpu_tests.log, cuda_tests.log, cuda_sm80_forward.log,
+# memcheck.log, racecheck.log, synccheck.log, sm90_evidence.txt, bench.md (and bench.jsonl);
+# the last lines printed are a summary. --quick benchmarks a subset of the shapes, --no-bench
+# none. GoogleTest comes from third_party/googletest when the machine has no package (copy
+# /usr/src/googletest there).
 set -uo pipefail
-out=${1:?usage: scripts/gpu_check.sh OUTPUT_DIR [--quick]}
+out=${1:?usage: scripts/gpu_check.sh OUTPUT_DIR [--quick | --no-bench]}
 quick=${2:-}
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${FLASHATTN_GPU_BUILD:-$root/build-gpu}
@@ -28,19 +31,38 @@ nvidia-smi >"$out/nvidia-smi.txt" 2>&1
 arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '. ')
 arch=${arch:-90}
 step configure configure.log cmake -S "$root" -B "$build" -G Ninja -DFLASHATTN_CUDA=ON \
-  -DFLASHATTN_CUDA_ARCHS="$arch" -DFLASHATTN_BUILD_PYTHON=OFF
+  -DFLASHATTN_CUDA_ARCHS="$arch" -DFLASHATTN_BUILD_PYTHON=OFF -DFLASHATTN_PTXAS_REPORT=ON
 step build build.log cmake --build "$build" -j "$(nproc)"
 step cuda_tests cuda_tests.log "$build/tests/cuda/flashattn_cuda_tests"
-step bench bench.log env PYTHONUNBUFFERED=1 python3 "$root/bench/bench_cuda.py" --library "$build/libflashattn.so" \
-  --markdown "$out/bench.md" --jsonl "$out/bench.jsonl" $quick
+step cuda_sm80_forward cuda_sm80_forward.log env FLASHATTN_CUDA_KERNELS=sm80 "$build/tests/cuda/flashattn_cuda_tests" \
+  --gtest_brief=1 --gtest_filter='*ForwardMatchesOracle*:CudaAttentionRuns.*'
+
+# The sm_90a kernels: tensor-core and TMA instructions in their SASS, ptxas's spill report.
+sm90_objects=$(find "$build/src/cuda" -name 'sm90_forward_*.o' 2>/dev/null)
+if [ -n "$sm90_objects" ] && command -v cuobjdump >/dev/null; then
+  for o in $sm90_objects; do
+    sass=$(cuobjdump --dump-sass "$o")
+    printf '%s: HGMMA %s, UTMALDG %s, HMMA %s\n' "$(basename "$o")" "$(grep -c HGMMA <<<"$sass")" \
+      "$(grep -c UTMALDG <<<"$sass")" "$(grep -c ' HMMA' <<<"$sass")"
+  done >"$out/sm90_evidence.txt"
+  grep -A1 "Compiling entry function '_ZN9flashattn4cuda4sm90" "$out/build.log" | grep -E "spill" | sort | uniq -c \
+    >>"$out/sm90_evidence.txt"
+fi
+
+if [ "$quick" != "--no-bench" ]; then
+  step bench bench.log env PYTHONUNBUFFERED=1 python3 "$root/bench/bench_cuda.py" --library "$build/libflashattn.so" \
+    --markdown "$out/bench.md" --jsonl "$out/bench.jsonl" $quick
+fi
 
 # Sanitizers on a subset: primitives, one case per feature family, both passes, split and not.
-subset='CudaPrimitives.*:*CudaAttention.*/square_17:*CudaAttention.*/causal_more_queries:*CudaAttention.*/varlen_with_empty_sequences:*CudaAttention.*/everything:*CudaAttention.*/head_dim_256:CudaAttentionRuns.Deterministic*'
+subset='CudaPrimitives.*:Sm90Primitives.*:*CudaAttention.*/square_17:*CudaAttention.*/causal_more_queries:*CudaAttention.*/varlen_with_empty_sequences:*CudaAttention.*/everything:*CudaAttention.*/head_dim_256:CudaAttentionRuns.Deterministic*'
 if command -v compute-sanitizer >/dev/null; then
   step memcheck memcheck.log compute-sanitizer --tool memcheck --error-exitcode 1 \
     "$build/tests/cuda/flashattn_cuda_tests" --gtest_filter="Bfloat16/$subset:$subset"
   step racecheck racecheck.log compute-sanitizer --tool racecheck --error-exitcode 1 \
-    "$build/tests/cuda/flashattn_cuda_tests" --gtest_filter="Bfloat16/*square_17*:Bfloat16/*everything*:Bfloat16/*head_dim_256*"
+    "$build/tests/cuda/flashattn_cuda_tests" --gtest_filter="Bfloat16/*square_17*:Bfloat16/*everything*:Bfloat16/*head_dim_256*:Bfloat16/*Forward*/causal_more_queries"
+  step synccheck synccheck.log compute-sanitizer --tool synccheck --error-exitcode 1 \
+    "$build/tests/cuda/flashattn_cuda_tests" --gtest_filter="Sm90Primitives.*:Bfloat16/*Forward*/square_17:Bfloat16/*Forward*/causal_more_queries:Bfloat16/*Forward*/head_dim_256"
 else
   summary+=("sanitizers: compute-sanitizer not found")
 fi
@@ -48,6 +70,7 @@ step cpu_tests cpu_tests.log "$build/tests/flashattn_tests"
 
 
 grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$out/cuda_tests.log" | head -20
-grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/memcheck.log" "$out/racecheck.log" 2>/dev/null
+grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/memcheck.log" "$out/racecheck.log" "$out/synccheck.log" 2>/dev/null
+[ -f "$out/sm90_evidence.txt" ] && cat "$out/sm90_evidence.txt"
 [ -f "$out/bench.md" ] && cat "$out/bench.md"
 printf '%s\n' "${summary[@]}"
