@@ -10,6 +10,8 @@
 
 #if defined(FLASHATTN_WITH_CUDA)
 #include <cuda_runtime.h>
+
+#include "cuda/dispatch.h"
 #endif
 
 namespace flashattn::cli {
@@ -37,6 +39,21 @@ void DeviceBuffer::download(void* host, size_t bytes) const {
 }
 
 bool cuda_backend_present() { return flashattn_backend_available(FLASHATTN_BACKEND_CUDA) != 0; }
+
+std::string cuda_kernels(flashattn_dtype dtype, int head_dim, float dropout) {
+#if defined(FLASHATTN_WITH_CUDA)
+  Params p;
+  p.pass = Pass::forward;
+  p.dtype = DType(dtype);
+  p.head_dim = p.head_dim_v = head_dim;
+  p.dropout_p = dropout;
+  p.device = FLASHATTN_DEVICE_CUDA;
+  const bool hopper = std::string(cuda::forward_kernels(p)) == "sm90";
+  return hopper ? "sm90 forward (TMA, wgmma), sm80 backward (mma.sync)" : "sm80 kernels (mma.sync)";
+#else
+  return "no CUDA kernels compiled";
+#endif
+}
 
 double time_call_ms(const std::function<void()>& fn, bool on_cuda) {
   if (!on_cuda) {

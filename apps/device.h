@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "flashattn/flashattn.h"
 
@@ -46,6 +47,10 @@ class WorkspaceBuffer {
 
 // True when the CUDA backend was compiled in and a device is present.
 bool cuda_backend_present();
+
+// Which CUDA kernels run a problem's passes, in words (e.g. "sm90 forward (TMA, wgmma), sm80
+// backward (mma.sync)").
+std::string cuda_kernels(flashattn_dtype dtype, int head_dim, float dropout);
 
 // Milliseconds of one call of `fn`, measured with CUDA events on the default stream when
 // `on_cuda`, else with the host's steady clock.

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "cpu/kernels.h"
+#include "device.h"
 #include "flashattn/flashattn.h"
 
 namespace flashattn::cli {
@@ -83,7 +84,8 @@ void print_run(std::ostream& os, const std::string& backend, int threads, const 
                const std::vector<RunRow>& rows) {
   os << "flashattn " << flashattn_version_string() << " run: " << spec.describe() << "\n";
   os << "backend " << backend << " (" << threads << " CPU threads"
-     << (backend == "cuda" ? " for the naive baseline" : std::string(", ") + cpu::cpu_isa() + " kernels")
+     << (backend == "cuda" ? " for the naive baseline; " + cuda_kernels(spec.dtype, spec.head_dim, spec.dropout)
+                           : std::string(", ") + cpu::cpu_isa() + " kernels")
      << "); naive = float32 attention that stores the"
      << " Nq x Nk matrix of each head, on the CPU\n\n";
   os << printf_string("%-4s  %-9s  %10s  %9s  %12s   %s\n", "pass", "method", "time (ms)", "GFLOP/s", "extra memory",
