@@ -45,7 +45,7 @@ if [ -n "$sm90_objects" ] && command -v cuobjdump >/dev/null; then
     printf '%s: HGMMA %s, UTMALDG %s, HMMA %s\n' "$(basename "$o")" "$(grep -c HGMMA <<<"$sass")" \
       "$(grep -c UTMALDG <<<"$sass")" "$(grep -c ' HMMA' <<<"$sass")"
   done >"$out/sm90_evidence.txt"
-  grep -A1 "Compiling entry function '_ZN9flashattn4cuda4sm90" "$out/build.log" | grep -E "spill" | sort | uniq -c \
+  grep -A3 "Compiling entry function '_ZN9flashattn4cuda4sm90" "$out/build.log" | grep -E "spill|Used" | sort | uniq -c \
     >>"$out/sm90_evidence.txt"
 fi
 
