@@ -1,7 +1,8 @@
 // The sm_90a primitives of src/cuda/sm90 against host references, on a compute capability 9.0
-// device: TMA loads (swizzled placement, zero fill past every extent, mbarrier completion) and
-// wgmma in the two forms the forward uses, SS with K-major operands (S = Q K^T) and RS with an
-// N-major B (O = P V), over several column blocks of the 128-byte swizzle. Skipped elsewhere.
+// device: TMA loads (swizzled placement, zero fill past every extent, mbarrier completion),
+// register reallocation with hand-offs through a named barrier and an mbarrier, and wgmma in the
+// two forms the forward uses, SS with K-major operands (S = Q K^T) and RS with an N-major B
+// (O = P V), over several column blocks of the 128-byte swizzle. Skipped elsewhere.
 #include <gtest/gtest.h>
 
 #include <cuda.h>
@@ -112,6 +113,36 @@ __global__ void wgmma_rs_product(const uint16_t* p, const uint16_t* v, float* c)
     for (int e = 0; e < 4; ++e) c[(r0 + 8 * (e / 2)) * N + 8 * j + 2 * q + e % 2] = d[j][e];
 }
 
+// Warp specialisation: warpgroup 0 gives registers back, warpgroups 1 and 2 claim more; 1 hands
+// a value to 2 through a named barrier (2 waits, 1 only arrives), and 2 hands it back through
+// an mbarrier phase. Every thread of 1 and 2 reports what it saw.
+__global__ void __launch_bounds__(384, 1) warpgroup_handoff(int* out) {
+  __shared__ int value[2];
+  __shared__ __align__(8) uint64_t bar;
+  const uint32_t bar_address = uint32_t(__cvta_generic_to_shared(&bar));
+  if (threadIdx.x == 0) {
+    mbarrier_init(bar_address, 128);
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+  const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+  if (wg == 0) {
+    registers_release<24>();
+  } else if (wg == 1) {
+    registers_claim<240>();
+    if (t == 0) value[0] = 42;
+    named_barrier_arrive(1, 256);  // value[0] is written
+    mbarrier_wait(bar_address, 0);  // value[1] is written
+    out[t] = value[1];
+  } else {
+    registers_claim<240>();
+    named_barrier_sync(1, 256);
+    out[128 + t] = value[0];
+    if (t == 0) value[1] = 7;
+    mbarrier_arrive(bar_address);  // all 128 threads: the phase completes
+  }
+}
+
 struct Bf16Matrix {
   std::vector<uint16_t> bits;
   std::vector<float> values;
@@ -160,6 +191,18 @@ TEST_F(Sm90Primitives, TmaLoadPlacesSwizzledBoxAndZeroFills) {
       if (have != want && wrong++ < 5) ADD_FAILURE() << "box (" << r << ", " << c << "): " << have << " != " << want;
     }
   EXPECT_EQ(wrong, 0);
+}
+
+TEST_F(Sm90Primitives, NamedBarrierAndMbarrierHandOffBetweenWarpgroups) {
+  DeviceBuffer<int> out(256);
+  warpgroup_handoff<<<1, 384>>>(out.get());
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<int> got = out.to_host();
+  for (int t = 0; t < 128; ++t) {
+    EXPECT_EQ(got[t], 7) << "warpgroup 1, thread " << t;
+    EXPECT_EQ(got[128 + t], 42) << "warpgroup 2, thread " << t;
+  }
 }
 
 template <int N, int K>
