@@ -75,9 +75,7 @@ bool hopper_kernels_allowed() {
   return !(choice && std::strcmp(choice, "sm80") == 0);
 }
 
-// The forward that serves `p`: the sm_90a kernel of the smallest compiled head dim >= d on a
-// compute capability 9.0 device, unless the call has dropout (the sm80 kernel draws it);
-// otherwise the sm80 kernel. Shapes and sizes come from the chosen kernel's own tables.
+// The forward that serves a call and its tile shape (choose_forward() below).
 struct ForwardChoice {
   Launcher launch = nullptr;
   int padded = 0;  // head dim of the kernel (pitch of the split partials)
@@ -85,22 +83,54 @@ struct ForwardChoice {
   int blocks_per_sm = 0;  // resident blocks the split decision counts on
   int smem = 0;
   bool hopper = false;
+  int splits = 1;  // key splits (forward_splits)
 };
 
+// Key splits of a forward: more than one only when batch x heads x query tiles cannot fill the
+// GPU (its resident blocks). Among split counts that do not repeat a per-split block count, the
+// smallest whose wave efficiency is within 85% of the best.
+int forward_splits(const Params& p, const ForwardChoice& c) {
+  const int64_t m_blocks = (int64_t(p.seqlen_q) + c.block_m - 1) / c.block_m;
+  const int64_t n_blocks = (int64_t(p.seqlen_k) + c.block_n - 1) / c.block_n;
+  const int64_t tiles = int64_t(p.batch) * p.heads_q * m_blocks;
+  const int sms = device_info(p.device_index).multiprocessors;
+  const double slots = double(c.blocks_per_sm) * sms;
+  if (sms == 0 || tiles == 0 || n_blocks < 2 || double(tiles) >= 0.8 * slots) return 1;
+  const int max_splits = int(std::min<int64_t>({128, sms, n_blocks}));
+  auto blocks_per_split = [&](int s) { return (n_blocks + s - 1) / s; };
+  auto efficiency = [&](int s) {
+    if (s > 1 && blocks_per_split(s) == blocks_per_split(s - 1)) return 0.0;
+    const double waves = double(tiles) * s / slots;
+    return waves / double(int64_t(waves) + (waves > double(int64_t(waves)) ? 1 : 0));
+  };
+  double best = 0;
+  for (int s = 1; s <= max_splits; ++s) best = std::max(best, efficiency(s));
+  for (int s = 1; s <= max_splits; ++s)
+    if (efficiency(s) >= 0.85 * best) return s;
+  return 1;
+}
+
+// The forward that serves `p`: the sm_90a kernel of the smallest compiled head dim >= d on a
+// compute capability 9.0 device, unless the call has dropout (the sm80 kernel draws it);
+// otherwise the sm80 kernel. Shapes, sizes and the key splits come from the chosen kernel's tables.
 ForwardChoice choose_forward(const Params& p) {
   ForwardChoice c;
-  if (!p.has_dropout() && hopper_kernels_allowed() && device_info(p.device_index).compute_capability == 90) {
+  const HopperVariant* hopper = nullptr;
+  if (!p.has_dropout() && hopper_kernels_allowed() && device_info(p.device_index).compute_capability == 90)
     for (const HopperVariant& v : kHopperVariants)
-      if (v.forward && v.dtype == p.dtype && v.head_dim >= p.head_dim) {
-        const sm90::ForwardShape s = sm90::forward_shape(v.head_dim);
-        return {v.forward, v.head_dim, s.block_m, s.block_n, 1, sm90::forward_smem_bytes(v.head_dim), true};
-      }
+      if (!hopper && v.forward && v.dtype == p.dtype && v.head_dim >= p.head_dim) hopper = &v;
+  if (hopper) {
+    const sm90::ForwardShape s = sm90::forward_shape(hopper->head_dim);
+    c = {hopper->forward, hopper->head_dim, s.block_m, s.block_n, 1, sm90::forward_smem_bytes(hopper->head_dim), true};
+  } else {
+    const int padded = padded_head_dim(p.head_dim);
+    const Variant* v = padded ? find_variant(p.dtype, padded) : nullptr;
+    if (!v) return c;
+    const ForwardShape s = forward_shape(padded);
+    c = {v->forward, padded, s.block_m, s.block_n, 2, v->forward_smem, false};
   }
-  c.padded = padded_head_dim(p.head_dim);
-  const Variant* v = c.padded ? find_variant(p.dtype, c.padded) : nullptr;
-  if (!v) return c;
-  const ForwardShape s = forward_shape(c.padded);
-  return {v->forward, c.padded, s.block_m, s.block_n, 2, v->forward_smem, false};
+  c.splits = forward_splits(p, c);
+  return c;
 }
 
 int64_t packed_rows_q(const Params& p) { return p.varlen() ? p.total_q : int64_t(p.batch) * p.seqlen_q; }
@@ -162,30 +192,6 @@ Status supports(const Params& p) {
   return Status::ok();
 }
 
-// Key splits of a forward: more than one only when batch x heads x query tiles cannot fill the
-// GPU (its resident blocks). Among split counts that do not repeat a per-split block count, the
-// smallest whose wave efficiency is within 85% of the best.
-int forward_splits(const Params& p, const ForwardChoice& c) {
-  const int64_t m_blocks = (int64_t(p.seqlen_q) + c.block_m - 1) / c.block_m;
-  const int64_t n_blocks = (int64_t(p.seqlen_k) + c.block_n - 1) / c.block_n;
-  const int64_t tiles = int64_t(p.batch) * p.heads_q * m_blocks;
-  const int sms = device_info(p.device_index).multiprocessors;
-  const double slots = double(c.blocks_per_sm) * sms;
-  if (sms == 0 || tiles == 0 || n_blocks < 2 || double(tiles) >= 0.8 * slots) return 1;
-  const int max_splits = int(std::min<int64_t>({128, sms, n_blocks}));
-  auto blocks_per_split = [&](int s) { return (n_blocks + s - 1) / s; };
-  auto efficiency = [&](int s) {
-    if (s > 1 && blocks_per_split(s) == blocks_per_split(s - 1)) return 0.0;
-    const double waves = double(tiles) * s / slots;
-    return waves / double(int64_t(waves) + (waves > double(int64_t(waves)) ? 1 : 0));
-  };
-  double best = 0;
-  for (int s = 1; s <= max_splits; ++s) best = std::max(best, efficiency(s));
-  for (int s = 1; s <= max_splits; ++s)
-    if (efficiency(s) >= 0.85 * best) return s;
-  return 1;
-}
-
 // dq_accum copies of a deterministic backward: one block per (copy, batch, kv head), at most one
 // wave of one block per multiprocessor; each copy takes every copies-th key block.
 int backward_dq_copies(const Params& p, int padded) {
@@ -205,7 +211,8 @@ struct Workspace {
   size_t partial_out = 0, partial_lse = 0, delta = 0, lse_log2 = 0, dq_accum = 0, total = 0;
 
   static size_t align(size_t bytes) { return (bytes + 255) / 256 * 256; }
-  static Workspace of(const Params& p) {
+  // `forward`: choose_forward(p) for a forward pass.
+  static Workspace of(const Params& p, const ForwardChoice& forward) {
     Workspace w;
     const int padded = padded_head_dim(p.head_dim);
     const size_t rows = size_t(packed_rows_q(p)) * size_t(p.heads_q);
@@ -216,11 +223,9 @@ struct Workspace {
       return start;
     };
     if (p.pass == Pass::forward) {
-      const ForwardChoice c = choose_forward(p);
-      const int splits = forward_splits(p, c);
-      if (splits > 1) {
-        w.partial_out = take(size_t(splits) * rows * c.padded * sizeof(float));
-        w.partial_lse = take(size_t(splits) * rows * sizeof(float));
+      if (forward.splits > 1) {
+        w.partial_out = take(size_t(forward.splits) * rows * forward.padded * sizeof(float));
+        w.partial_lse = take(size_t(forward.splits) * rows * sizeof(float));
       }
     } else {
       w.delta = take(rows * sizeof(float));
@@ -232,9 +237,13 @@ struct Workspace {
   }
 };
 
-size_t workspace_bytes(const Params& p) { return Workspace::of(p).total; }
+ForwardChoice forward_choice_of(const Params& p) {
+  return p.pass == Pass::forward ? choose_forward(p) : ForwardChoice{};
+}
 
-KernelParams kernel_params(const Params& p, int padded) {
+size_t workspace_bytes(const Params& p) { return Workspace::of(p, forward_choice_of(p)).total; }
+
+KernelParams kernel_params(const Params& p, int padded, const ForwardChoice& forward) {
   KernelParams k;
   k.q = p.q;
   k.k = p.k;
@@ -270,9 +279,9 @@ KernelParams kernel_params(const Params& p, int padded) {
   k.dropout_seed = drop.seed;
   k.dropout_offset = drop.offset;
   auto* base = static_cast<unsigned char*>(p.workspace);
-  const Workspace w = Workspace::of(p);
+  const Workspace w = Workspace::of(p, forward);
   if (p.pass == Pass::forward) {
-    k.num_splits = forward_splits(p, choose_forward(p));
+    k.num_splits = forward.splits;
     if (k.num_splits > 1) {
       k.partial_out = reinterpret_cast<float*>(base + w.partial_out);
       k.partial_lse = reinterpret_cast<float*>(base + w.partial_lse);
@@ -294,9 +303,10 @@ Status run(const Params& p) {
   if (!variant) return supports(p);
   if (p.batch == 0 || p.heads_q == 0) return Status::ok();
   DeviceGuard guard(p.device_index);
-  const KernelParams k = kernel_params(p, padded);
+  const ForwardChoice forward = forward_choice_of(p);
+  const KernelParams k = kernel_params(p, padded, forward);
   const auto stream = static_cast<cudaStream_t>(p.stream);
-  if (p.pass == Pass::forward) return k.rows_q == 0 ? Status::ok() : choose_forward(p).launch(k, stream);
+  if (p.pass == Pass::forward) return k.rows_q == 0 ? Status::ok() : forward.launch(k, stream);
   return variant->backward(k, stream);
 }
 

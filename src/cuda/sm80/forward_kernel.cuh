@@ -160,6 +160,56 @@ __device__ __forceinline__ void apply_dropout(float (&s)[kTiles][4], const seman
   }
 }
 
+// Epilogue of a 16-row tile: O / l (and / (1 - p) for dropout); lse = max + log(l); -inf and
+// O = 0 for rows that saw nothing.
+template <int kOutTiles>
+__device__ __forceinline__ void normalize_rows(float (&o)[kOutTiles][4], const float (&row_max)[2],
+                                               const float (&row_sum)[2], float exp_scale, float inv_keep,
+                                               float (&lse)[2]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const float sum = quad_sum(row_sum[half]);
+    const bool empty = !(sum > 0.f);
+    const float inv = empty ? 0.f : inv_keep / sum;
+    lse[half] = empty ? -INFINITY : row_max[half] * exp_scale * kLn2 + logf(sum);
+#pragma unroll
+    for (int dt = 0; dt < kOutTiles; ++dt) {
+      o[dt][2 * half] *= inv;
+      o[dt][2 * half + 1] *= inv;
+    }
+  }
+}
+
+// fp32 partial O (row pitch 8 * kOutTiles) and lse of a 16-row tile whose first row is `row0`,
+// for the combine kernel; `head_rows` is the partial row of query row 0.
+template <int kOutTiles>
+__device__ __forceinline__ void store_partials(const KernelParams& p, int64_t head_rows, int64_t row0, int seqlen_q,
+                                               const float (&o)[kOutTiles][4], const float (&lse)[2]) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t i = row0 + g + half * 8;
+    if (i >= seqlen_q) continue;
+    float* row = p.partial_out + (head_rows + i) * (8 * kOutTiles);
+#pragma unroll
+    for (int dt = 0; dt < kOutTiles; ++dt)
+      *reinterpret_cast<float2*>(row + dt * 8 + 2 * t) = make_float2(o[dt][2 * half], o[dt][2 * half + 1]);
+    if (t == 0) p.partial_lse[head_rows + i] = lse[half];
+  }
+}
+
+// lse of a 16-row tile whose first row is `row0` (one lane per quad writes).
+__device__ __forceinline__ void store_lse(const KernelParams& p, int b, int h, const Sequence& seq, int64_t row0,
+                                          const float (&lse)[2]) {
+  const int lane = threadIdx.x % 32;
+  if (lane % 4 != 0 || !p.lse) return;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t i = row0 + lane / 4 + half * 8;
+    if (i < seq.seqlen_q) p.lse[int64_t(b) * p.lse_batch + int64_t(h) * p.lse_head + seq.q_start + i] = lse[half];
+  }
+}
+
 }  // namespace forward_detail
 
 // Dropout and general scores (ScoreRule::is_general) are template parameters, so the common
@@ -284,51 +334,20 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads)
     }
   }
 
-  // Epilogue: O / l (and / (1 - p) for dropout); lse = max + log(l); -inf and 0 for empty rows.
   float lse[kRowTiles][2];
 #pragma unroll
   for (int r = 0; r < kRowTiles; ++r)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const float sum = quad_sum(st.sum[r][half]);
-      const bool empty = !(sum > 0.f);
-      const float inv = empty ? 0.f : p.dropout_inv_keep / sum;
-      lse[r][half] = empty ? -INFINITY : st.max[r][half] * rule.exp_scale * kLn2 + logf(sum);
-#pragma unroll
-      for (int dt = 0; dt < C::kOutTiles; ++dt) {
-        o[r][dt][2 * half] *= inv;
-        o[r][dt][2 * half + 1] *= inv;
-      }
-    }
+    forward_detail::normalize_rows(o[r], st.max[r], st.sum[r], rule.exp_scale, p.dropout_inv_keep, lse[r]);
   const int g = lane / 4, t = lane % 4;
 
   if (p.num_splits > 1) {  // fp32 partials straight from registers; the combine kernel finishes
     const int64_t head_rows = (int64_t(split) * p.heads_q + h) * p.rows_q + seq.packed_q;
 #pragma unroll
-    for (int r = 0; r < kRowTiles; ++r)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int64_t i = tile_row0(r) + g + half * 8;
-        if (i >= seq.seqlen_q) continue;
-        float* row = p.partial_out + (head_rows + i) * kD;
-#pragma unroll
-        for (int dt = 0; dt < C::kOutTiles; ++dt)
-          *reinterpret_cast<float2*>(row + dt * 8 + 2 * t) = make_float2(o[r][dt][2 * half], o[r][dt][2 * half + 1]);
-        if (t == 0) p.partial_lse[head_rows + i] = lse[r][half];
-      }
+    for (int r = 0; r < kRowTiles; ++r) forward_detail::store_partials(p, head_rows, tile_row0(r), seq.seqlen_q, o[r], lse[r]);
     return;
   }
-
-  if (t == 0 && p.lse) {
 #pragma unroll
-    for (int r = 0; r < kRowTiles; ++r)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int64_t i = tile_row0(r) + g + half * 8;
-        if (i < seq.seqlen_q)
-          p.lse[int64_t(b) * p.lse_batch + int64_t(h) * p.lse_head + seq.q_start + i] = lse[r][half];
-      }
-  }
+  for (int r = 0; r < kRowTiles; ++r) forward_detail::store_lse(p, b, h, seq, tile_row0(r), lse[r]);
   // O through the warp's own rows of the Q tile, then 16-byte coalesced stores.
   constexpr int kWarpRows = 16 * kRowTiles;
   unsigned char* s_out = smem + QTile::offset(warp_row, 0);

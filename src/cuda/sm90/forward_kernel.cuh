@@ -237,40 +237,13 @@ struct Consumer {
   __device__ void finish() {
     const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
     float lse[2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const float sum = quad_sum(row_sum[half]);
-      const bool empty = !(sum > 0.f);
-      const float inv = empty ? 0.f : 1.f / sum;
-      lse[half] = empty ? -INFINITY : row_max[half] * (kGeneral ? 1.f : rule.exp_scale) * kLn2 + logf(sum);
-#pragma unroll
-      for (int dt = 0; dt < kD / 8; ++dt) {
-        o[dt][2 * half] *= inv;
-        o[dt][2 * half + 1] *= inv;
-      }
-    }
+    forward_detail::normalize_rows(o, row_max, row_sum, rule.exp_scale, p.dropout_inv_keep, lse);
     if (p.num_splits > 1) {
       const int64_t head_rows = (int64_t(t.split) * p.heads_q + t.h) * p.rows_q + t.seq.packed_q;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int64_t i = row0 + g + half * 8;
-        if (i >= t.seq.seqlen_q) continue;
-        float* row = p.partial_out + (head_rows + i) * kD;
-#pragma unroll
-        for (int dt = 0; dt < kD / 8; ++dt)
-          *reinterpret_cast<float2*>(row + dt * 8 + 2 * q) = make_float2(o[dt][2 * half], o[dt][2 * half + 1]);
-        if (q == 0) p.partial_lse[head_rows + i] = lse[half];
-      }
+      forward_detail::store_partials(p, head_rows, row0, t.seq.seqlen_q, o, lse);
       return;
     }
-    if (q == 0 && p.lse) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int64_t i = row0 + g + half * 8;
-        if (i < t.seq.seqlen_q)
-          p.lse[int64_t(t.b) * p.lse_batch + int64_t(t.h) * p.lse_head + t.seq.q_start + i] = lse[half];
-      }
-    }
+    forward_detail::store_lse(p, t.b, t.h, t.seq, row0, lse);
     using QTile = typename C::QTile;
     const int wg_row = 64 * wg, warp_row = wg_row + 16 * ((threadIdx.x % 128) / 32);
     unsigned char* tile = reinterpret_cast<unsigned char*>(__cvta_shared_to_generic(smem));
