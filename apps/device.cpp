@@ -48,8 +48,12 @@ std::string cuda_kernels(flashattn_dtype dtype, int head_dim, float dropout) {
   p.head_dim = p.head_dim_v = head_dim;
   p.dropout_p = dropout;
   p.device = FLASHATTN_DEVICE_CUDA;
-  const bool hopper = std::string(cuda::forward_kernels(p)) == "sm90";
-  return hopper ? "sm90 forward (TMA, wgmma), sm80 backward (mma.sync)" : "sm80 kernels (mma.sync)";
+  const bool hopper_forward = std::string(cuda::forward_kernels(p)) == "sm90";
+  p.pass = Pass::backward;
+  const bool hopper_backward = std::string(cuda::backward_kernels(p)) == "sm90";
+  if (!hopper_forward && !hopper_backward) return "sm80 kernels (mma.sync)";
+  return std::string(hopper_forward ? "sm90 forward (TMA, wgmma)" : "sm80 forward (mma.sync)") + ", " +
+         (hopper_backward ? "sm90 backward (TMA, wgmma)" : "sm80 backward (mma.sync)");
 #else
   return "no CUDA kernels compiled";
 #endif

@@ -166,6 +166,7 @@ def main():
     ap.add_argument("--library", required=True, help="path to libflashattn.so built with CUDA")
     ap.add_argument("--quick", action="store_true", help="N in {1k, 4k, 16k} only")
     ap.add_argument("--forward-only", action="store_true", help="skip the backward measurements")
+    ap.add_argument("--head-dims", default="64,128,256", help="comma-separated head dims (default 64,128,256)")
     ap.add_argument("--long", action="store_true",
                     help="long-context rows instead: B=1, H=16, d=128, causal, N = 64k, 128k, 256k")
     ap.add_argument("--markdown", help="write the table here as well")
@@ -176,7 +177,7 @@ def main():
     dev = torch.device("cuda")
     torch.manual_seed(0)
     lengths = [1024, 4096, 16384] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
-    shapes = [(16384 // n, 2048 // d, n, d, causal) for d in (64, 128, 256) for n in lengths for causal in (False, True)]
+    shapes = [(16384 // n, 2048 // d, n, d, causal) for d in map(int, args.head_dims.split(",")) for n in lengths for causal in (False, True)]
     if args.long:
         shapes = [(1, 16, n, 128, True) for n in (65536, 131072, 262144)]
     rows, records = [], []
@@ -188,12 +189,15 @@ def main():
         ours_fwd = fa.forward_call(q, k, v, out, lse, causal)
         ours_fwd()
         ms = {"ours": (median_ms(ours_fwd),)}
-        # The mma.sync (sm80) forward too, where the sm_90a one serves by default (not for the
-        # long rows, where it would take most of the run).
-        ms["sm80"] = (None,)
+        # The mma.sync (sm80) kernels too, where the sm_90a ones serve by default (not for the
+        # long rows, where they would take most of the run).
+        ms["sm80"] = (None, None)
         if not args.long:
             os.environ["FLASHATTN_CUDA_KERNELS"] = "sm80"
-            ms["sm80"] = (median_ms(fa.forward_call(q, k, v, out, lse, causal)),)
+            ms["sm80"] = (median_ms(fa.forward_call(q, k, v, out, lse, causal)), None)
+            if not args.forward_only:
+                sm80_bwd = fa.backward_call(dout, q, k, v, out, lse, dq, dk, dv, causal, False)
+                ms["sm80"] = (ms["sm80"][0], median_ms(sm80_bwd))
             del os.environ["FLASHATTN_CUDA_KERNELS"]
         ours_fwd()  # out and lse of the default kernels, compared below
         if args.forward_only:
@@ -214,7 +218,10 @@ def main():
         row = dict(d=d, n=n, batch=b, heads=heads, causal=causal, max_abs_diff_vs_sdpa=err)
         row["ours_fwd"], row["ours_bwd"], row["ours_bwd_det"] = (
             tf(fl_f, ms["ours"][0]), tf(fl_b, ms["ours"][1]), tf(fl_b, ms["ours"][2]))
-        row["sm80_fwd"] = tf(fl_f, ms["sm80"][0])
+        row["sm80_fwd"], row["sm80_bwd"] = tf(fl_f, ms["sm80"][0]), tf(fl_b, ms["sm80"][1])
+        # One training step of the layer, forward + backward, against cuDNN's.
+        both = lambda t: t[0] + t[1] if len(t) > 1 and t[0] and t[1] else None
+        row["ours_step"], row["cudnn_step"] = tf(fl_f + fl_b, both(ms["ours"])), tf(fl_f + fl_b, both(ms.get("cudnn", ())))
         for name in ("flash", "cudnn"):
             f_ms, b_ms = ms.get(name, (None, None))
             row[f"{name}_fwd"], row[f"{name}_bwd"] = tf(fl_f, f_ms), tf(fl_b, b_ms)
@@ -229,8 +236,9 @@ def main():
              f"cuDNN {torch.backends.cudnn.version()} · commit {commit or 'unknown'} · bf16, B·N = 16k, H = 2048/d",
              "",
              "| B | H | d | N | causal | ours fwd | sm80 fwd | FLASH fwd | cuDNN fwd | ours/cuDNN | sm80/FLASH "
-             "| ours bwd | det bwd | FLASH bwd | cuDNN bwd | ours/FLASH | ours/cuDNN | det/default |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| ours bwd | sm80 bwd | det bwd | FLASH bwd | cuDNN bwd | ours/cuDNN | sm80/FLASH | det/default "
+             "| fwd+bwd ours/cuDNN |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     ratio = lambda a, b: f"{a / b:.2f}" if a == a and b == b and b else "-"
     num = lambda x: f"{x:.0f}" if x == x else "-"
     for r in rows:
@@ -238,12 +246,13 @@ def main():
             f"| {r['batch']} | {r['heads']} | {r['d']} | {r['n']} | {'yes' if r['causal'] else 'no'} "
             f"| {num(r['ours_fwd'])} | {num(r['sm80_fwd'])} | {num(r['flash_fwd'])} "
             f"| {num(r['cudnn_fwd'])} | {ratio(r['ours_fwd'], r['cudnn_fwd'])} | {ratio(r['sm80_fwd'], r['flash_fwd'])} "
-            f"| {num(r['ours_bwd'])} | {num(r['ours_bwd_det'])} | {num(r['flash_bwd'])} | {num(r['cudnn_bwd'])} "
-            f"| {ratio(r['ours_bwd'], r['flash_bwd'])} | {ratio(r['ours_bwd'], r['cudnn_bwd'])} "
-            f"| {ratio(r['ours_bwd_det'], r['ours_bwd'])} |")
+            f"| {num(r['ours_bwd'])} | {num(r['sm80_bwd'])} | {num(r['ours_bwd_det'])} | {num(r['flash_bwd'])} "
+            f"| {num(r['cudnn_bwd'])} | {ratio(r['ours_bwd'], r['cudnn_bwd'])} | {ratio(r['sm80_bwd'], r['flash_bwd'])} "
+            f"| {ratio(r['ours_bwd_det'], r['ours_bwd'])} | {ratio(r['ours_step'], r['cudnn_step'])} |")
     table = "\n".join(lines) + ("\n\nTFLOP/s (forward 4·B·H·N²·d, halved when causal; backward 2.5×). "
-                                 "ours = the kernels the library picks (sm_90a forward on Hopper); "
-                                 "sm80 = the mma.sync forward, FLASHATTN_CUDA_KERNELS=sm80.\n")
+                                 "ours = the kernels the library picks (sm_90a on Hopper, backward up to d = 128); "
+                                 "sm80 = the mma.sync kernels, FLASHATTN_CUDA_KERNELS=sm80; "
+                                 "fwd+bwd = one forward and one backward.\n")
     print(table)
     if args.markdown:
         open(args.markdown, "w").write(table)

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Builds flashattn with the CUDA backend, runs every test (GPU tests included, and the forward
-# sweep again on the sm80 kernels), runs compute-sanitizer memcheck, racecheck and synccheck on a
+# and backward sweeps again on the sm80 kernels), runs compute-sanitizer memcheck, racecheck and synccheck on a
 # representative subset, shows that the sm_90a kernels are on the Hopper path (HGMMA and UTMALDG
 # in their SASS, no spills in ptxas's report), and benchmarks the CUDA kernels against PyTorch's
 # SDPA backends, all in one run on a machine with an NVIDIA GPU.
 #
 #   scripts/gpu_check.sh OUTPUT_DIR [--quick | --no-bench]
 #
-# Logs land in OUTPUT_DIR: build.log, cpu_tests.log, cuda_tests.log, cuda_sm80_forward.log,
+# Logs land in OUTPUT_DIR: build.log, cpu_tests.log, cuda_tests.log, cuda_sm80.log,
 # memcheck.log, racecheck.log, synccheck.log, sm90_evidence.txt, bench.md (and bench.jsonl);
 # the last lines printed are a summary. --quick benchmarks a subset of the shapes, --no-bench
 # none. GoogleTest comes from third_party/googletest when the machine has no package (copy
@@ -34,11 +34,11 @@ step configure configure.log cmake -S "$root" -B "$build" -G Ninja -DFLASHATTN_C
   -DFLASHATTN_CUDA_ARCHS="$arch" -DFLASHATTN_BUILD_PYTHON=OFF -DFLASHATTN_PTXAS_REPORT=ON
 step build build.log cmake --build "$build" -j "$(nproc)"
 step cuda_tests cuda_tests.log "$build/tests/cuda/flashattn_cuda_tests"
-step cuda_sm80_forward cuda_sm80_forward.log env FLASHATTN_CUDA_KERNELS=sm80 "$build/tests/cuda/flashattn_cuda_tests" \
-  --gtest_brief=1 --gtest_filter='*ForwardMatchesOracle*:CudaAttentionRuns.*'
+step cuda_sm80 cuda_sm80.log env FLASHATTN_CUDA_KERNELS=sm80 "$build/tests/cuda/flashattn_cuda_tests" \
+  --gtest_brief=1 --gtest_filter='*MatchesOracle*:CudaAttentionRuns.*'
 
 # The sm_90a kernels: tensor-core and TMA instructions in their SASS, ptxas's spill report.
-sm90_objects=$(find "$build/src/cuda" -name 'sm90_forward_*.o' 2>/dev/null)
+sm90_objects=$(find "$build/src/cuda" -name 'sm90_*ward_*.o' 2>/dev/null | sort)
 if [ -n "$sm90_objects" ] && command -v cuobjdump >/dev/null; then
   for o in $sm90_objects; do
     sass=$(cuobjdump --dump-sass "$o")
@@ -62,7 +62,7 @@ if command -v compute-sanitizer >/dev/null; then
   step racecheck racecheck.log compute-sanitizer --tool racecheck --error-exitcode 1 \
     "$build/tests/cuda/flashattn_cuda_tests" --gtest_filter="Bfloat16/*square_17*:Bfloat16/*everything*:Bfloat16/*head_dim_256*:Bfloat16/*Forward*/causal_more_queries"
   step synccheck synccheck.log compute-sanitizer --tool synccheck --error-exitcode 1 \
-    "$build/tests/cuda/flashattn_cuda_tests" --gtest_filter="Sm90Primitives.*:Bfloat16/*Forward*/square_17:Bfloat16/*Forward*/causal_more_queries:Bfloat16/*Forward*/head_dim_256"
+    "$build/tests/cuda/flashattn_cuda_tests" --gtest_filter="Sm90Primitives.*:Bfloat16/*/square_17:Bfloat16/*/causal_more_queries:Bfloat16/*Forward*/head_dim_256:Bfloat16/*/everything:CudaAttentionRuns.Deterministic*"
 else
   summary+=("sanitizers: compute-sanitizer not found")
 fi

@@ -55,24 +55,42 @@ const Variant* find_variant(DType dtype, int padded) {
   return nullptr;
 }
 
-// The sm_90a forward kernels, ascending head dims per dtype.
+// The sm_90a kernels of one pass, ascending head dims per dtype, ending in a row that never
+// matches (a table may have no kernel).
 struct HopperVariant {
   DType dtype;
   int head_dim;
-  Launcher forward;
+  Launcher launch;
 };
 #ifdef FLASHATTN_WITH_SM90
-#define FLASHATTN_SM90_ROW(T, D) HopperVariant{dtype_of<T>(), D, &sm90::launch_forward<T, D>},
-constexpr HopperVariant kHopperVariants[] = {FLASHATTN_SM90_FOR_EACH_VARIANT(FLASHATTN_SM90_ROW)};
-#undef FLASHATTN_SM90_ROW
+#define FLASHATTN_SM90_FORWARD_ROW(T, D) HopperVariant{dtype_of<T>(), D, &sm90::launch_forward<T, D>},
+#define FLASHATTN_SM90_BACKWARD_ROW(T, D) HopperVariant{dtype_of<T>(), D, &sm90::launch_backward<T, D>},
+constexpr HopperVariant kHopperForwards[] = {FLASHATTN_SM90_FOR_EACH_VARIANT(FLASHATTN_SM90_FORWARD_ROW){
+    DType::f32, 0, nullptr}};
+constexpr HopperVariant kHopperBackwards[] = {
+    FLASHATTN_SM90_BACKWARD_FOR_EACH_VARIANT(FLASHATTN_SM90_BACKWARD_ROW){DType::f32, 0, nullptr}};
+#undef FLASHATTN_SM90_FORWARD_ROW
+#undef FLASHATTN_SM90_BACKWARD_ROW
 #else
-constexpr HopperVariant kHopperVariants[] = {{DType::f32, 0, nullptr}};  // none: f32 never matches
+constexpr HopperVariant kHopperForwards[] = {{DType::f32, 0, nullptr}};
+constexpr HopperVariant kHopperBackwards[] = {{DType::f32, 0, nullptr}};
 #endif
 
 // FLASHATTN_CUDA_KERNELS=sm80 keeps every call on the mma.sync kernels (to test or compare them).
 bool hopper_kernels_allowed() {
   const char* choice = std::getenv("FLASHATTN_CUDA_KERNELS");
   return !(choice && std::strcmp(choice, "sm80") == 0);
+}
+
+// The sm_90a kernel of `table` that serves `p`, if any: the smallest compiled head dim >= d, on
+// a compute capability 9.0 device, for a call without dropout (the sm80 kernels draw it).
+template <size_t N>
+const HopperVariant* hopper_kernel(const Params& p, const HopperVariant (&table)[N]) {
+  if (p.has_dropout() || !hopper_kernels_allowed() || device_info(p.device_index).compute_capability != 90)
+    return nullptr;
+  for (const HopperVariant& v : table)
+    if (v.launch && v.dtype == p.dtype && v.head_dim >= p.head_dim) return &v;
+  return nullptr;
 }
 
 // The forward that serves a call and its tile shape (choose_forward() below).
@@ -110,18 +128,13 @@ int forward_splits(const Params& p, const ForwardChoice& c) {
   return 1;
 }
 
-// The forward that serves `p`: the sm_90a kernel of the smallest compiled head dim >= d on a
-// compute capability 9.0 device, unless the call has dropout (the sm80 kernel draws it);
-// otherwise the sm80 kernel. Shapes, sizes and the key splits come from the chosen kernel's tables.
+// The forward that serves `p`: the sm_90a kernel where hopper_kernel() finds one, otherwise the
+// sm80 kernel. Shapes, sizes and the key splits come from the chosen kernel's tables.
 ForwardChoice choose_forward(const Params& p) {
   ForwardChoice c;
-  const HopperVariant* hopper = nullptr;
-  if (!p.has_dropout() && hopper_kernels_allowed() && device_info(p.device_index).compute_capability == 90)
-    for (const HopperVariant& v : kHopperVariants)
-      if (!hopper && v.forward && v.dtype == p.dtype && v.head_dim >= p.head_dim) hopper = &v;
-  if (hopper) {
+  if (const HopperVariant* hopper = hopper_kernel(p, kHopperForwards)) {
     const sm90::ForwardShape s = sm90::forward_shape(hopper->head_dim);
-    c = {hopper->forward, hopper->head_dim, s.block_m, s.block_n, 1, sm90::forward_smem_bytes(hopper->head_dim), true};
+    c = {hopper->launch, hopper->head_dim, s.block_m, s.block_n, 1, sm90::forward_smem_bytes(hopper->head_dim), true};
   } else {
     const int padded = padded_head_dim(p.head_dim);
     const Variant* v = padded ? find_variant(p.dtype, padded) : nullptr;
@@ -132,6 +145,61 @@ ForwardChoice choose_forward(const Params& p) {
   c.splits = forward_splits(p, c);
   return c;
 }
+
+// dq_accum copies of a deterministic backward: one block per (copy, batch, kv head), at most one
+// wave of one block per multiprocessor; each copy takes every copies-th key block of block_n keys.
+int backward_dq_copies(const Params& p, int block_n) {
+  if (!p.deterministic) return 1;
+  const int64_t n_blocks = (int64_t(p.seqlen_k) + block_n - 1) / block_n;
+  const int64_t blocks = std::max<int64_t>(1, int64_t(p.batch) * p.heads_kv);
+  const int sms = device_info(p.device_index).multiprocessors;
+  int64_t copies = std::clamp<int64_t>(sms / blocks, 1, std::max<int64_t>(1, n_blocks));
+  const int64_t per_copy = (n_blocks + copies - 1) / std::max<int64_t>(1, copies);
+  if (per_copy > 0) copies = (n_blocks + per_copy - 1) / per_copy;  // equal shares, no idle copy
+  return int(std::max<int64_t>(1, copies));
+}
+
+// The backward that serves a call (choose_backward() below).
+struct BackwardChoice {
+  Launcher launch = nullptr;
+  int padded = 0;   // head dim of the kernel (pitch of dq_accum)
+  int block_n = 0;  // keys per block
+  int smem = 0;
+  bool hopper = false;
+  int dq_copies = 1;
+};
+
+// The backward that serves `p`: the sm_90a kernel where hopper_kernel() finds one (head dims up
+// to 128), otherwise the sm80 kernel.
+BackwardChoice choose_backward(const Params& p) {
+  BackwardChoice c;
+  if (const HopperVariant* hopper = hopper_kernel(p, kHopperBackwards)) {
+    c = {hopper->launch, hopper->head_dim, sm90::backward_shape(hopper->head_dim).block_n,
+         sm90::backward_smem_bytes(hopper->head_dim), true};
+  } else {
+    const int padded = padded_head_dim(p.head_dim);
+    const Variant* v = padded ? find_variant(p.dtype, padded) : nullptr;
+    if (!v) return c;
+    c = {v->backward, padded, backward_shape(padded).block_n, v->backward_smem, false};
+  }
+  c.dq_copies = backward_dq_copies(p, c.block_n);
+  return c;
+}
+
+// The kernels of a call: the forward or the backward, by its pass.
+struct Choice {
+  ForwardChoice forward;
+  BackwardChoice backward;
+
+  static Choice of(const Params& p) {
+    Choice c;
+    if (p.pass == Pass::forward)
+      c.forward = choose_forward(p);
+    else
+      c.backward = choose_backward(p);
+    return c;
+  }
+};
 
 int64_t packed_rows_q(const Params& p) { return p.varlen() ? p.total_q : int64_t(p.batch) * p.seqlen_q; }
 
@@ -185,25 +253,11 @@ Status supports(const Params& p) {
   if (info.compute_capability != 0 && info.compute_capability < 80)
     return unsupported("cuda:", p.device_index, " has compute capability ", info.compute_capability / 10, ".",
                        info.compute_capability % 10, "; the cuda backend needs 8.0 or newer");
-  const int smem = backward ? variant->backward_smem : choose_forward(p).smem;
+  const int smem = backward ? choose_backward(p).smem : choose_forward(p).smem;
   if (info.max_smem_per_block != 0 && smem > info.max_smem_per_block)
     return unsupported("head dim=", p.head_dim, " ", backward ? "backward" : "forward", " needs ", smem,
                        " bytes of shared memory per block; cuda:", p.device_index, " offers ", info.max_smem_per_block);
   return Status::ok();
-}
-
-// dq_accum copies of a deterministic backward: one block per (copy, batch, kv head), at most one
-// wave of one block per multiprocessor; each copy takes every copies-th key block.
-int backward_dq_copies(const Params& p, int padded) {
-  if (!p.deterministic) return 1;
-  const BackwardShape shape = backward_shape(padded);
-  const int64_t n_blocks = (int64_t(p.seqlen_k) + shape.block_n - 1) / shape.block_n;
-  const int64_t blocks = std::max<int64_t>(1, int64_t(p.batch) * p.heads_kv);
-  const int sms = device_info(p.device_index).multiprocessors;
-  int64_t copies = std::clamp<int64_t>(sms / blocks, 1, std::max<int64_t>(1, n_blocks));
-  const int64_t per_copy = (n_blocks + copies - 1) / std::max<int64_t>(1, copies);
-  if (per_copy > 0) copies = (n_blocks + per_copy - 1) / per_copy;  // equal shares, no idle copy
-  return int(std::max<int64_t>(1, copies));
 }
 
 // Workspace layout: each part 256-byte aligned.
@@ -211,10 +265,10 @@ struct Workspace {
   size_t partial_out = 0, partial_lse = 0, delta = 0, lse_log2 = 0, dq_accum = 0, total = 0;
 
   static size_t align(size_t bytes) { return (bytes + 255) / 256 * 256; }
-  // `forward`: choose_forward(p) for a forward pass.
-  static Workspace of(const Params& p, const ForwardChoice& forward) {
+  static Workspace of(const Params& p, const Choice& choice) {
     Workspace w;
-    const int padded = padded_head_dim(p.head_dim);
+    const ForwardChoice& forward = choice.forward;
+    const BackwardChoice& backward = choice.backward;
     const size_t rows = size_t(packed_rows_q(p)) * size_t(p.heads_q);
     size_t at = 0;
     auto take = [&](size_t bytes) {
@@ -230,20 +284,16 @@ struct Workspace {
     } else {
       w.delta = take(rows * sizeof(float));
       w.lse_log2 = take(rows * sizeof(float));
-      w.dq_accum = take(size_t(backward_dq_copies(p, padded)) * rows * padded * sizeof(float));
+      w.dq_accum = take(size_t(backward.dq_copies) * rows * backward.padded * sizeof(float));
     }
     w.total = at;
     return w;
   }
 };
 
-ForwardChoice forward_choice_of(const Params& p) {
-  return p.pass == Pass::forward ? choose_forward(p) : ForwardChoice{};
-}
+size_t workspace_bytes(const Params& p) { return Workspace::of(p, Choice::of(p)).total; }
 
-size_t workspace_bytes(const Params& p) { return Workspace::of(p, forward_choice_of(p)).total; }
-
-KernelParams kernel_params(const Params& p, int padded, const ForwardChoice& forward) {
+KernelParams kernel_params(const Params& p, const Choice& choice) {
   KernelParams k;
   k.q = p.q;
   k.k = p.k;
@@ -279,9 +329,9 @@ KernelParams kernel_params(const Params& p, int padded, const ForwardChoice& for
   k.dropout_seed = drop.seed;
   k.dropout_offset = drop.offset;
   auto* base = static_cast<unsigned char*>(p.workspace);
-  const Workspace w = Workspace::of(p, forward);
+  const Workspace w = Workspace::of(p, choice);
   if (p.pass == Pass::forward) {
-    k.num_splits = forward.splits;
+    k.num_splits = choice.forward.splits;
     if (k.num_splits > 1) {
       k.partial_out = reinterpret_cast<float*>(base + w.partial_out);
       k.partial_lse = reinterpret_cast<float*>(base + w.partial_lse);
@@ -290,7 +340,8 @@ KernelParams kernel_params(const Params& p, int padded, const ForwardChoice& for
     k.delta = reinterpret_cast<float*>(base + w.delta);
     k.lse_log2 = reinterpret_cast<float*>(base + w.lse_log2);
     k.dq_accum = reinterpret_cast<float*>(base + w.dq_accum);
-    k.dq_copies = backward_dq_copies(p, padded);
+    k.dq_copies = choice.backward.dq_copies;
+    k.deterministic = p.deterministic ? 1 : 0;
   }
   return k;
 }
@@ -303,11 +354,11 @@ Status run(const Params& p) {
   if (!variant) return supports(p);
   if (p.batch == 0 || p.heads_q == 0) return Status::ok();
   DeviceGuard guard(p.device_index);
-  const ForwardChoice forward = forward_choice_of(p);
-  const KernelParams k = kernel_params(p, padded, forward);
+  const Choice choice = Choice::of(p);
+  const KernelParams k = kernel_params(p, choice);
   const auto stream = static_cast<cudaStream_t>(p.stream);
-  if (p.pass == Pass::forward) return k.rows_q == 0 ? Status::ok() : forward.launch(k, stream);
-  return variant->backward(k, stream);
+  if (p.pass == Pass::forward) return k.rows_q == 0 ? Status::ok() : choice.forward.launch(k, stream);
+  return choice.backward.launch(k, stream);
 }
 
 void* allocate(size_t bytes, const Params& p) {
@@ -328,6 +379,7 @@ void release(void* ptr, const Params& p) {
 }  // namespace
 
 const char* forward_kernels(const Params& p) { return choose_forward(p).hopper ? "sm90" : "sm80"; }
+const char* backward_kernels(const Params& p) { return choose_backward(p).hopper ? "sm90" : "sm80"; }
 
 }  // namespace flashattn::cuda
 

@@ -8,5 +8,7 @@ namespace flashattn::cuda {
 
 // "sm90" when the sm_90a forward (TMA, wgmma) runs `p`'s forward pass, else "sm80" (mma.sync).
 const char* forward_kernels(const Params& p);
+// The same for the backward pass (the sm_90a backward serves head dims up to 128).
+const char* backward_kernels(const Params& p);
 
 }  // namespace flashattn::cuda

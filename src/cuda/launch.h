@@ -33,9 +33,12 @@ template <typename T>
 Status launch_backward_finish(const KernelParams& p, int padded_head_dim, cudaStream_t stream);
 
 namespace sm90 {
-// The sm_90a forward (TMA, wgmma, warp specialisation); no dropout.
+// The sm_90a kernels (TMA, wgmma, warp specialisation); no dropout. The backward serves head
+// dims 64 and 128 (backward_supported).
 template <typename T, int kD>
 Status launch_forward(const KernelParams& p, cudaStream_t stream);
+template <typename T, int kD>
+Status launch_backward(const KernelParams& p, cudaStream_t stream);
 }  // namespace sm90
 
 }  // namespace flashattn::cuda

@@ -93,25 +93,32 @@ TEST_F(CudaAttentionRuns, ForwardWithoutKeySplitMatchesOracle) {
   }
 }
 
-// The deterministic backward gives the same bits twice, and a correct result.
+// The deterministic backward gives the same bits twice, and a correct result: at both head-dim
+// layouts of the sm_90a backward (dQ split by columns at d = 128, by keys at d = 64) and with
+// enough batch x kv heads that every block must walk all key blocks into one dq_accum copy.
 TEST_F(CudaAttentionRuns, DeterministicBackwardIsBitIdentical) {
-  Case c = dense_case(1, 2, 700, 128, true);
-  c.heads_kv = 1;
-  GpuCase g(c);
-  g.set_deterministic(true);
-  ASSERT_EQ(g.forward(), FLASHATTN_SUCCESS) << flashattn_last_error();
-  ASSERT_EQ(g.backward(), FLASHATTN_SUCCESS) << flashattn_last_error();
-  const std::vector<uint8_t> dq = g.host.dq.bytes(), dk = g.host.dk.bytes(), dv = g.host.dv.bytes();
-  for (int run = 0; run < 3; ++run) {
-    g.host.poison_gradients();
+  struct Shape {
+    int batch, heads, heads_kv, seqlen, head_dim;
+  };
+  for (const Shape s : {Shape{1, 2, 1, 700, 128}, Shape{1, 2, 1, 700, 64}, Shape{2, 80, 80, 300, 64}}) {
+    Case c = dense_case(s.batch, s.heads, s.seqlen, s.head_dim, true);
+    c.heads_kv = s.heads_kv;
+    GpuCase g(c);
+    g.set_deterministic(true);
+    ASSERT_EQ(g.forward(), FLASHATTN_SUCCESS) << flashattn_last_error();
     ASSERT_EQ(g.backward(), FLASHATTN_SUCCESS) << flashattn_last_error();
-    EXPECT_TRUE(g.host.dq.bytes() == dq) << "dq differs in run " << run + 2;
-    EXPECT_TRUE(g.host.dk.bytes() == dk) << "dk differs in run " << run + 2;
-    EXPECT_TRUE(g.host.dv.bytes() == dv) << "dv differs in run " << run + 2;
+    const std::vector<uint8_t> dq = g.host.dq.bytes(), dk = g.host.dk.bytes(), dv = g.host.dv.bytes();
+    for (int run = 0; run < 3; ++run) {
+      g.host.poison_gradients();
+      ASSERT_EQ(g.backward(), FLASHATTN_SUCCESS) << flashattn_last_error();
+      EXPECT_TRUE(g.host.dq.bytes() == dq) << c.describe() << ": dq differs in run " << run + 2;
+      EXPECT_TRUE(g.host.dk.bytes() == dk) << c.describe() << ": dk differs in run " << run + 2;
+      EXPECT_TRUE(g.host.dv.bytes() == dv) << c.describe() << ": dv differs in run " << run + 2;
+    }
+    const Params p = g.host.params(Pass::backward);
+    const Check check = check_backward(g.host, p, reference::backward(p), reference::naive_backward(p));
+    EXPECT_TRUE(check.ok) << c.describe() << "\n" << check.message;
   }
-  const Params p = g.host.params(Pass::backward);
-  const Check check = check_backward(g.host, p, reference::backward(p), reference::naive_backward(p));
-  EXPECT_TRUE(check.ok) << c.describe() << "\n" << check.message;
 }
 
 // On a compute capability 9.0 device the sm_90a forward serves every call without dropout
@@ -130,6 +137,29 @@ TEST_F(CudaAttentionRuns, Sm90ForwardServesHopperWithoutDropout) {
   EXPECT_STREQ(cuda::forward_kernels(p), hopper ? "sm90" : "sm80");
   p.dropout_p = 0.1f;
   EXPECT_STREQ(cuda::forward_kernels(p), "sm80");
+}
+
+// The sm_90a backward serves head dims up to 128 without dropout; above, and with dropout, the
+// sm80 backward does.
+TEST_F(CudaAttentionRuns, Sm90BackwardServesHeadDimsUpTo128WithoutDropout) {
+  Params p;
+  p.pass = Pass::backward;
+  p.dtype = DType::f16;
+  p.device = FLASHATTN_DEVICE_CUDA;
+  const char* forced = std::getenv("FLASHATTN_CUDA_KERNELS");
+  bool hopper = cuda::device_info(0).compute_capability == 90 && !(forced && std::string(forced) == "sm80");
+#ifndef FLASHATTN_WITH_SM90
+  hopper = false;
+#endif
+  for (int d : {40, 64, 96, 128}) {
+    p.head_dim = p.head_dim_v = d;
+    EXPECT_STREQ(cuda::backward_kernels(p), hopper ? "sm90" : "sm80") << "head dim " << d;
+  }
+  p.head_dim = p.head_dim_v = 192;
+  EXPECT_STREQ(cuda::backward_kernels(p), "sm80");
+  p.head_dim = p.head_dim_v = 128;
+  p.dropout_p = 0.1f;
+  EXPECT_STREQ(cuda::backward_kernels(p), "sm80");
 }
 
 // What the backend cannot run is refused with the argument named, before anything is written.

@@ -1,8 +1,9 @@
 // The sm_90a primitives of src/cuda/sm90 against host references, on a compute capability 9.0
 // device: TMA loads (swizzled placement, zero fill past every extent, mbarrier completion),
 // register reallocation with hand-offs through a named barrier and an mbarrier, and wgmma in the
-// two forms the forward uses, SS with K-major operands (S = Q K^T) and RS with an N-major B
-// (O = P V), over several column blocks of the 128-byte swizzle. Skipped elsewhere.
+// forms the kernels use: SS with K-major operands (S = Q K^T), RS with an N-major B (O = P V) and
+// SS with an M-major A and an N-major B (the backward's dQ = dS K), over several column blocks of
+// the 128-byte swizzle. Skipped elsewhere.
 #include <gtest/gtest.h>
 
 #include <cuda.h>
@@ -69,7 +70,7 @@ __global__ void wgmma_ss_product(const uint16_t* a, const uint16_t* b, float* c)
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < K / 16; ++kk)
-    WgmmaOp<bf16, N>::template ss<0>(flat<N>(d), k_major_descriptor<ATile>(at, 0, kk),
+    WgmmaOp<bf16, N>::template ss<0, 0>(flat<N>(d), k_major_descriptor<ATile>(at, 0, kk),
                                      k_major_descriptor<BTile>(bt, 0, kk), kk > 0);
   wgmma_commit();
   wgmma_wait<0>();
@@ -111,6 +112,35 @@ __global__ void wgmma_rs_product(const uint16_t* p, const uint16_t* v, float* c)
   fence_registers(flat<N>(d));
   for (int j = 0; j < N / 8; ++j)
     for (int e = 0; e < 4; ++e) c[(r0 + 8 * (e / 2)) * N + 8 * j + 2 * q + e % 2] = d[j][e];
+}
+
+// C[64][64] = A B[:, 64 b .. 64 b + 63] with A M-major (stored transposed, At[K][64]) and B
+// N-major, both in swizzled tiles: the backward's dQ = dS K, dS kept as dS^T [key][query] and
+// one 64-column block of K.
+template <int K, int kBCols>
+__global__ void wgmma_ss_transposed_product(const uint16_t* at_values, const uint16_t* b, int b_block, float* c) {
+  using ATile = SwizzledTile<K, 64>;
+  using BTile = SwizzledTile<K, kBCols>;
+  extern __shared__ unsigned char smem[];
+  const uint32_t at = aligned_base(smem), bt = at + ATile::kBytes;
+  for (int i = threadIdx.x; i < K * 64; i += 128)
+    *reinterpret_cast<uint16_t*>(generic(at + ATile::offset(i / 64, i % 64))) = at_values[i];
+  for (int i = threadIdx.x; i < K * kBCols; i += 128)
+    *reinterpret_cast<uint16_t*>(generic(bt + BTile::offset(i / kBCols, i % kBCols))) = b[i];
+  fence_async_shared();
+  __syncthreads();
+  float d[8][4];
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk)
+    WgmmaOp<bf16, 64>::template ss<1, 1>(flat<64>(d), n_major_descriptor<ATile>(at, kk),
+                                         n_major_descriptor<BTile>(bt + b_block * BTile::kBlockBytes, kk), kk > 0);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_registers(flat<64>(d));
+  const int t = threadIdx.x, row = 16 * (t / 32) + (t % 32) / 4;
+  for (int j = 0; j < 8; ++j)
+    for (int e = 0; e < 4; ++e) c[(row + 8 * (e / 2)) * 64 + 8 * j + 2 * (t % 4) + e % 2] = d[j][e];
 }
 
 // Warp specialisation: warpgroup 0 gives registers back, warpgroups 1 and 2 claim more; 1 hands
@@ -247,6 +277,27 @@ void check_rs() {
   EXPECT_LT(worst, 1e-3) << "N=" << N << " K=" << K;
 }
 
+template <int K, int kBCols>
+void check_ss_transposed(int b_block) {
+  const Bf16Matrix at = random_bf16(K * 64, 5), b = random_bf16(K * kBCols, 6);
+  DeviceBuffer<uint16_t> dat(at.bits), db(b.bits);
+  DeviceBuffer<float> dc(64 * 64);
+  const int smem = SwizzledTile<K, 64>::kBytes + SwizzledTile<K, kBCols>::kBytes + 1024;
+  cudaFuncSetAttribute(wgmma_ss_transposed_product<K, kBCols>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  wgmma_ss_transposed_product<K, kBCols><<<1, 128, smem>>>(dat.get(), db.get(), b_block, dc.get());
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> c = dc.to_host();
+  double worst = 0;
+  for (int i = 0; i < 64; ++i)
+    for (int j = 0; j < 64; ++j) {
+      double ref = 0;
+      for (int k = 0; k < K; ++k) ref += double(at.values[k * 64 + i]) * b.values[k * kBCols + 64 * b_block + j];
+      worst = std::max(worst, std::abs(ref - c[i * 64 + j]));
+    }
+  EXPECT_LT(worst, 1e-3) << "K=" << K << " B block " << b_block;
+}
+
 TEST_F(Sm90Primitives, WgmmaSharedKMajorOperands) {
   check_ss<128, 128>();  // two 64-column blocks of K
   check_ss<64, 256>();
@@ -257,6 +308,11 @@ TEST_F(Sm90Primitives, WgmmaRegisterAWithNMajorB) {
   check_rs<128, 128>();
   check_rs<256, 64>();  // four 64-column blocks of N
   check_rs<64, 96>();
+}
+
+TEST_F(Sm90Primitives, WgmmaSharedMMajorAWithNMajorB) {
+  check_ss_transposed<128, 128>(1);  // dQ of one warpgroup at d = 128: all keys, second column block
+  check_ss_transposed<64, 64>(0);
 }
 
 }  // namespace

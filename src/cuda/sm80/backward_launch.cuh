@@ -22,7 +22,7 @@ Status launch_backward_main(const KernelParams& p, cudaStream_t stream) {
   FA_TRY(device_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes),
                        "cudaFuncSetAttribute(backward_kernel)"));
   const int n_blocks = (p.seqlen_k + C::kN - 1) / C::kN;
-  const int grid_x = p.dq_copies > 1 ? p.dq_copies : n_blocks;
+  const int grid_x = p.deterministic ? p.dq_copies : n_blocks;  // one block per copy, even a single copy
   const dim3 grid(unsigned(grid_x), unsigned(p.heads_kv), unsigned(p.batch));
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
   return device_status(cudaGetLastError(), "backward_kernel launch");

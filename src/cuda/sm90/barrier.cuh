@@ -31,6 +31,15 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
       : "memory");
 }
 
+// Stage and phase parity of the i-th tile streamed through a ring of kStages mbarrier-guarded
+// stages: the phase flips each time the ring wraps.
+template <int kStages>
+struct RingSlot {
+  int stage;
+  uint32_t parity;
+  __device__ static RingSlot of(int i) { return {i % kStages, uint32_t(i / kStages) & 1u}; }
+};
+
 // Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads, waiting or only arriving.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");

@@ -52,6 +52,8 @@ struct ForwardConfig {
   static_assert(kSmemBytes == forward_smem_bytes(kD), "the host reads the same size");
   // Register budgets after reallocation (multiples of 8; 128 * producer + 256 * consumer <= 64 K).
   static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
+  static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 384 * 168,
+                "setmaxnreg moves registers inside the block's launch allocation (168 per thread)");
   static_assert(kConsumers == 2, "the pingpong and register budgets assume two consumer warpgroups");
 };
 
@@ -67,14 +69,6 @@ struct Barriers {
   __device__ uint32_t k_empty(int s) const { return base + 8 * (1 + kStages + s); }
   __device__ uint32_t v_full(int s) const { return base + 8 * (1 + 2 * kStages + s); }
   __device__ uint32_t v_empty(int s) const { return base + 8 * (1 + 3 * kStages + s); }
-};
-
-// Stage and phase parity of the i-th tile streamed through a ring of kStages.
-template <int kStages>
-struct RingSlot {
-  int stage;
-  uint32_t parity;
-  __device__ static RingSlot of(int i) { return {i % kStages, uint32_t(i / kStages) & 1u}; }
 };
 
 // Block coordinates shared by the producer and the consumers.
@@ -153,7 +147,7 @@ struct Consumer {
   __device__ void issue_scores(float (&s)[kN / 8][4], int stage) const {
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk)
-      WgmmaOp<T, kN>::template ss<0>(flat<kN>(s), k_major_descriptor<typename C::QTile>(smem, 64 * wg, kk),
+      WgmmaOp<T, kN>::template ss<0, 0>(flat<kN>(s), k_major_descriptor<typename C::QTile>(smem, 64 * wg, kk),
                                      k_major_descriptor<typename C::KVTile>(k_tile(stage), 0, kk), kk > 0);
     wgmma_commit();
   }

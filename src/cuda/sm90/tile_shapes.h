@@ -28,3 +28,27 @@ constexpr int forward_smem_bytes(int head_dim) {
 }
 
 }  // namespace flashattn::cuda::sm90
+
+namespace flashattn::cuda::sm90 {
+
+// The sm_90 backward: a block keeps dK and dV of block_n keys in its two consumer warpgroups'
+// registers (64 keys each, d/2 + d/2 fp32 per thread) and walks the query blocks of block_m rows
+// that see them, Q and dO through a ring of `stages`. d <= 128 only: at d = 256 dK and dV alone
+// would take 256 registers per thread.
+struct BackwardShape {
+  int block_m, block_n, stages;
+};
+
+constexpr bool backward_supported(int head_dim) { return head_dim == 64 || head_dim == 128; }
+constexpr BackwardShape backward_shape(int /*head_dim*/) { return BackwardShape{64, 128, 2}; }
+
+// K, V, the Q and dO stages, two dS^T buffers, lse and delta rows per stage, the mbarriers, and
+// 1 KiB of slack for the alignment of the tiles.
+constexpr int backward_smem_bytes(int head_dim) {
+  const BackwardShape s = backward_shape(head_dim);
+  const int barriers = 2 + 2 * s.stages;
+  return 2 * head_dim * (2 * s.block_n + 2 * s.stages * s.block_m) + 2 * 2 * s.block_n * s.block_m +
+         2 * 4 * s.block_m * s.stages + 8 * barriers + 1024;
+}
+
+}  // namespace flashattn::cuda::sm90

@@ -1,0 +1,409 @@
+// Backward attention on sm_90a: TMA, wgmma and warp specialisation.
+//
+// A block owns 128 keys of one (batch, kv head) and keeps dK and dV for them in registers while
+// it walks over the query blocks (64 rows, every query head of the GQA group) that see them. The
+// producer warpgroup gives up its registers: one thread loads K and V once and Q and dO of each
+// step into a ring of stages by TMA, one warp copies the step's lse and delta rows. Each of the
+// two consumer warpgroups owns 64 of the keys, with keys as the rows of its products:
+//   S^T = K Q^T, dP^T = V dO^T                     wgmma SS, K-major operands
+//   P^T = exp2(S^T - lse), dS^T = P^T (dP^T - delta) in the accumulator registers
+//   dV += P^T dO, dK += dS^T Q                      wgmma RS: P^T and dS^T straight from registers
+//   dQ += dS K                                      wgmma SS from dS^T in shared memory (M-major A)
+// and adds its dQ tile to the fp32 accumulator with vector atomics. At d = 128 warpgroup w
+// computes dQ columns [64 w, 64 w + 64) over all 128 keys; at d = 64 it computes every column
+// over its own 64 keys. Deterministic mode: the grid holds one block per dq_accum copy, each
+// walking its key blocks in a fixed order, and at d = 64 warpgroup 1 adds after warpgroup 0.
+#pragma once
+
+#include <cuda.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/common/mma.cuh"
+#include "cuda/common/numeric.cuh"
+#include "cuda/kernel_params.h"
+#include "cuda/sm80/attention_common.cuh"
+#include "cuda/sm80/backward_kernel.cuh"
+#include "cuda/sm90/barrier.cuh"
+#include "cuda/sm90/tile_shapes.h"
+#include "cuda/sm90/tma.cuh"
+#include "cuda/sm90/wgmma.cuh"
+
+namespace flashattn::cuda::sm90 {
+
+struct BackwardArgs {
+  CUtensorMap q, k, v, dout;
+  KernelParams p;
+};
+
+template <typename T, int kD>
+struct BackwardConfig {
+  static_assert(backward_supported(kD), "the sm90 backward serves head dims 64 and 128");
+  static constexpr BackwardShape kShape = backward_shape(kD);
+  static constexpr int kM = kShape.block_m, kN = kShape.block_n, kStages = kShape.stages;
+  static constexpr int kThreads = 384;  // producer + two consumer warpgroups of 64 keys
+  static_assert(kN == 128 && kM == 64, "two consumer warpgroups of 64 keys, 64-row dQ tiles");
+  // dQ (64 x 64 fp32 per warpgroup): at d = 64 over the warpgroup's own keys, else over all keys
+  // for the warpgroup's 64-column block of the head dim.
+  static constexpr bool kDqOwnKeys = kD == 64;
+  static constexpr int kColumnBlocks = kD / 64;  // 64-column TMA boxes of a row
+  using QTile = SwizzledTile<kM, kD>;   // Q and dO of a step
+  using KTile = SwizzledTile<kN, kD>;   // K and V
+  using DsTile = SwizzledTile<kN, kM>;  // dS^T, [key][query]
+  static constexpr int kVOffset = KTile::kBytes;
+  static constexpr int kQOffset = 2 * KTile::kBytes;
+  static constexpr int kDoOffset = kQOffset + kStages * QTile::kBytes;
+  static constexpr int kDsOffset = kDoOffset + kStages * QTile::kBytes;
+  static constexpr int kRowsOffset = kDsOffset + 2 * DsTile::kBytes;  // [stage][lse2, delta][kM] floats
+  static constexpr int kBarrierOffset = kRowsOffset + kStages * 2 * kM * 4;
+  static constexpr int kBarriers = 2 + 2 * kStages;
+  static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
+  static_assert(kSmemBytes == backward_smem_bytes(kD), "the host reads the same size");
+  // Register budgets after reallocation: setmaxnreg moves registers inside the block's launch
+  // allocation (168 per thread at 384 threads), so the budgets must fit in it.
+  static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
+  static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 384 * 168, "over the block's registers");
+};
+
+// Named barriers: dS^T of both warpgroups written (d = 128), of one warpgroup (d = 64, 2 + w),
+// and warpgroup 0's dQ atomics done (deterministic d = 64).
+constexpr int kDsBarrier = 1, kDsOwnBarrier = 2, kDqOrderBarrier = 4;
+
+template <int kStages>
+struct BackwardBarriers {
+  uint32_t base;
+  __device__ uint32_t kv_full() const { return base; }
+  __device__ uint32_t kv_empty() const { return base + 8; }
+  __device__ uint32_t full(int s) const { return base + 8 * (2 + s); }  // Q, dO (TMA) and rows (a warp)
+  __device__ uint32_t empty(int s) const { return base + 8 * (2 + kStages + s); }
+};
+
+// The key blocks of this block: every gridDim.x-th one, alternating direction (c, 2G-1-c, 2G+c,
+// ...) so that under a causal mask the blocks of a deterministic grid (one per dq_accum copy)
+// share the work evenly. A default grid has a block per key block: each gets blockIdx.x alone.
+template <typename F>
+__device__ __forceinline__ void for_each_key_block(int n_blocks, F&& f) {
+  const int copies = gridDim.x, copy = blockIdx.x;
+  for (int base = 0; base < n_blocks; base += copies) {
+    const int n = (base / copies) % 2 == 0 ? base + copy : base + copies - 1 - copy;
+    if (n < n_blocks) f(n);
+  }
+}
+
+// What a block does for key block n: which keys, and which (head, query block) steps see them.
+struct KeyBlockWork {
+  int64_t j0;
+  int keys_valid;
+  backward_detail::Walk walk;
+
+  template <int kM, int kN>
+  __device__ static KeyBlockWork of(const KernelParams& p, const Sequence& seq, int hk, int n) {
+    KeyBlockWork w;
+    w.j0 = int64_t(n) * kN;
+    w.keys_valid = int(min(int64_t(kN), int64_t(seq.seqlen_k) - w.j0));
+    const semantics::Window window{p.window_left, p.window_right, seq.seqlen_q, seq.seqlen_k};
+    const int64_t first_q = window.first_query(w.j0), last_q = window.last_query(w.j0 + w.keys_valid - 1);
+    w.walk = {hk * p.group, p.group, int(first_q / kM), first_q <= last_q ? int(last_q / kM) + 1 : int(first_q / kM)};
+    return w;
+  }
+};
+
+// Thread 0 of the producer: K and V of each key block, Q and dO of each step.
+template <typename C>
+__device__ void produce_tiles(const BackwardArgs& args, const Sequence& seq, int b, int hk, int n_blocks, uint32_t smem,
+                              const BackwardBarriers<C::kStages>& bars) {
+  const KernelParams& p = args.p;
+  tma_prefetch_map(args.q);
+  tma_prefetch_map(args.k);
+  tma_prefetch_map(args.v);
+  tma_prefetch_map(args.dout);
+  const int batch = p.cu_seqlens_q != nullptr ? 0 : b;  // varlen maps are one batch of packed rows
+  int kv_round = 0, step_index = 0;
+  for_each_key_block(n_blocks, [&](int n) {
+    const KeyBlockWork w = KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n);
+    if (w.walk.steps() == 0) return;
+    mbarrier_wait(bars.kv_empty(), (uint32_t(kv_round++) & 1u) ^ 1u);
+    mbarrier_arrive_expect_tx(bars.kv_full(), 2 * C::KTile::kBytes);
+    const int key_row = int(seq.k_start + w.j0);
+#pragma unroll
+    for (int cb = 0; cb < C::kColumnBlocks; ++cb) {
+      tma_load_4d(smem + cb * C::KTile::kBlockBytes, args.k, bars.kv_full(), cb * 64, key_row, hk, batch);
+      tma_load_4d(smem + C::kVOffset + cb * C::KTile::kBlockBytes, args.v, bars.kv_full(), cb * 64, key_row, hk, batch);
+    }
+    for (int s = 0; s < w.walk.steps(); ++s) {
+      const RingSlot<C::kStages> slot = RingSlot<C::kStages>::of(step_index++);
+      const int h = w.walk.head(s), row = int(seq.q_start) + w.walk.m_block(s) * C::kM;
+      mbarrier_wait(bars.empty(slot.stage), slot.parity ^ 1u);
+      mbarrier_arrive_expect_tx(bars.full(slot.stage), 2 * C::QTile::kBytes);
+      const uint32_t q_tile = smem + C::kQOffset + slot.stage * C::QTile::kBytes;
+      const uint32_t do_tile = smem + C::kDoOffset + slot.stage * C::QTile::kBytes;
+#pragma unroll
+      for (int cb = 0; cb < C::kColumnBlocks; ++cb) {
+        tma_load_4d(q_tile + cb * C::QTile::kBlockBytes, args.q, bars.full(slot.stage), cb * 64, row, h, batch);
+        tma_load_4d(do_tile + cb * C::QTile::kBlockBytes, args.dout, bars.full(slot.stage), cb * 64, row, h, batch);
+      }
+    }
+  });
+}
+
+// Warp 1 of the producer: lse (log2 units) and delta of each step's query rows, +inf and 0 past
+// the sequence so that those rows get P = dS = 0. Every lane arrives on the stage's barrier.
+template <typename C>
+__device__ void produce_rows(const KernelParams& p, const Sequence& seq, int hk, int n_blocks, uint32_t smem,
+                             const BackwardBarriers<C::kStages>& bars) {
+  const int lane = threadIdx.x % 32;
+  int step_index = 0;
+  for_each_key_block(n_blocks, [&](int n) {
+    const KeyBlockWork w = KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n);
+    for (int s = 0; s < w.walk.steps(); ++s) {
+      const RingSlot<C::kStages> slot = RingSlot<C::kStages>::of(step_index++);
+      const int h = w.walk.head(s), m0 = w.walk.m_block(s) * C::kM;
+      mbarrier_wait(bars.empty(slot.stage), slot.parity ^ 1u);
+      float* rows = reinterpret_cast<float*>(__cvta_shared_to_generic(smem + C::kRowsOffset)) + slot.stage * 2 * C::kM;
+      for (int r = lane; r < C::kM; r += 32) {
+        const bool valid = m0 + r < seq.seqlen_q;
+        const int64_t at = int64_t(h) * p.rows_q + seq.packed_q + m0 + r;
+        rows[r] = valid ? p.lse_log2[at] : INFINITY;
+        rows[C::kM + r] = valid ? p.delta[at] : 0.f;
+      }
+      mbarrier_arrive(bars.full(slot.stage));
+    }
+  });
+}
+
+// One consumer warpgroup: 64 keys, dK and dV in registers.
+template <typename T, int kD, bool kGeneral>
+struct BackwardConsumer {
+  using C = BackwardConfig<T, kD>;
+  using Elem = typename T::storage;
+  static constexpr int kM = C::kM, kN = C::kN;
+
+  const KernelParams& p;
+  const Sequence& seq;
+  int b, hk;
+  uint32_t smem;
+  BackwardBarriers<C::kStages> bars;
+  int wg;  // consumer index: keys [64 wg, 64 wg + 64) of the block
+  float* dq_accum;
+  float dk[kD / 8][4], dv[kD / 8][4];
+
+  __device__ uint32_t k_tile() const { return smem; }
+  __device__ uint32_t v_tile() const { return smem + C::kVOffset; }
+  __device__ uint32_t q_tile(int stage) const { return smem + C::kQOffset + stage * C::QTile::kBytes; }
+  __device__ uint32_t do_tile(int stage) const { return smem + C::kDoOffset + stage * C::QTile::kBytes; }
+  __device__ uint32_t ds_tile(int buffer) const { return smem + C::kDsOffset + buffer * C::DsTile::kBytes; }
+  __device__ const float* rows(int stage) const {
+    return reinterpret_cast<const float*>(__cvta_shared_to_generic(smem + C::kRowsOffset)) + stage * 2 * kM;
+  }
+  // One arrival per warp once this warpgroup's wgmma reading a stage are done.
+  __device__ static void release(uint32_t bar) {
+    if (threadIdx.x % 32 == 0) mbarrier_arrive(bar);
+  }
+
+  __device__ void run(int n_blocks) {
+    int kv_round = 0, step_index = 0;
+    for_each_key_block(n_blocks, [&](int n) {
+      const KeyBlockWork w = KeyBlockWork::of<kM, kN>(p, seq, hk, n);
+#pragma unroll
+      for (int dt = 0; dt < kD / 8; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
+      if (w.walk.steps() > 0) {
+        mbarrier_wait(bars.kv_full(), uint32_t(kv_round++) & 1u);
+        for (int s = 0; s < w.walk.steps(); ++s) step(w, s, step_index++);
+        release(bars.kv_empty());
+      }
+      store_dk_dv(w);
+    });
+  }
+
+  // Window::visible in 32-bit arithmetic, without branches.
+  static __device__ __forceinline__ bool visible(const semantics::Window& w, int i, int j) {
+    const int d = j - i - (w.seqlen_k - w.seqlen_q);  // key offset from the diagonal
+    return (j < w.seqlen_k) & (w.left < 0 | d >= -w.left) & (w.right < 0 | d <= w.right);
+  }
+
+  // S^T and dP^T of one step -> P^T and dS^T in place.
+  __device__ void to_gradients(float (&st)[kM / 8][4], float (&dpt)[kM / 8][4], const float* row_values, int h, int m0,
+                               int64_t j0) const {
+    const ScoreRule rule = ScoreRule::make(p, seq, b, h);
+    const bool masked = !rule.block_unmasked(m0, kM, j0, kN);
+    const float exp_scale = kGeneral ? 1.f : rule.exp_scale;
+    const int lane = threadIdx.x % 32, key0 = int(j0) + 64 * wg + 16 * ((threadIdx.x % 128) / 32) + lane / 4;
+#pragma unroll
+    for (int jt = 0; jt < kM / 8; ++jt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int q_local = 8 * jt + 2 * (lane % 4) + e % 2;
+        const int i = m0 + q_local, j = key0 + 8 * (e / 2);
+        float s = st[jt][e];
+        float cap_grad = 1.f;
+        if (kGeneral) {
+          if (rule.softcap > 0.f) {
+            const float th = tanhf(rule.scale * s / rule.softcap);
+            cap_grad = 1.f - th * th;
+          }
+          s = rule.transform(s, i, j);
+        }
+        if (masked && !visible(rule.window, i, j)) s = -INFINITY;
+        const float prob = fast_exp2(fmaf(s, exp_scale, -row_values[q_local]));
+        st[jt][e] = prob;
+        dpt[jt][e] = prob * (dpt[jt][e] - row_values[kM + q_local]) * cap_grad;
+      }
+  }
+
+  __device__ void step(const KeyBlockWork& w, int s, int step_index) {
+    const int h = w.walk.head(s), m0 = w.walk.m_block(s) * kM;
+    const RingSlot<C::kStages> slot = RingSlot<C::kStages>::of(step_index);
+    using QTile = typename C::QTile;
+    using KTile = typename C::KTile;
+    using DsTile = typename C::DsTile;
+    mbarrier_wait(bars.full(slot.stage), slot.parity);
+
+    // S^T = K Q^T and dP^T = V dO^T for this warpgroup's keys.
+    float st[kM / 8][4], dpt[kM / 8][4];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+      WgmmaOp<T, kM>::template ss<0, 0>(flat<kM>(st), k_major_descriptor<KTile>(k_tile(), 64 * wg, kk),
+                                        k_major_descriptor<QTile>(q_tile(slot.stage), 0, kk), kk > 0);
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+      WgmmaOp<T, kM>::template ss<0, 0>(flat<kM>(dpt), k_major_descriptor<KTile>(v_tile(), 64 * wg, kk),
+                                        k_major_descriptor<QTile>(do_tile(slot.stage), 0, kk), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(flat<kM>(st));
+    fence_registers(flat<kM>(dpt));
+    to_gradients(st, dpt, rows(slot.stage), h, m0, w.j0);
+
+    // dV += P^T dO and dK += dS^T Q, the A operands straight from the accumulators.
+    uint32_t pa[kM / 16][4], da[kM / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kM / 16; ++kk) {
+      accumulators_to_a<T>(st[2 * kk], st[2 * kk + 1], pa[kk]);
+      accumulators_to_a<T>(dpt[2 * kk], dpt[2 * kk + 1], da[kk]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kM / 16; ++kk)
+      WgmmaOp<T, kD>::template rs<1>(flat<kD>(dv), pa[kk], n_major_descriptor<QTile>(do_tile(slot.stage), kk), 1);
+#pragma unroll
+    for (int kk = 0; kk < kM / 16; ++kk)
+      WgmmaOp<T, kD>::template rs<1>(flat<kD>(dk), da[kk], n_major_descriptor<QTile>(q_tile(slot.stage), kk), 1);
+    wgmma_commit();
+
+    // dS^T to shared memory for dQ = dS K (A read M-major, i.e. as the transpose of dS^T).
+    const int buffer = step_index % 2;
+    store_ds(da, ds_tile(buffer));
+    fence_async_shared();
+    if (C::kDqOwnKeys)
+      named_barrier_sync(kDsOwnBarrier + wg, 128);
+    else
+      named_barrier_sync(kDsBarrier, 256);
+    constexpr int kDqKeySteps = C::kDqOwnKeys ? 4 : kN / 16;
+    const int kk0 = C::kDqOwnKeys ? 4 * wg : 0;
+    const uint32_t k_cols = k_tile() + (C::kDqOwnKeys ? 0 : wg * KTile::kBlockBytes);
+    float dq[8][4];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kDqKeySteps; ++kk)
+      WgmmaOp<T, 64>::template ss<1, 1>(flat<64>(dq), n_major_descriptor<DsTile>(ds_tile(buffer), kk0 + kk),
+                                        n_major_descriptor<KTile>(k_cols, kk0 + kk), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(flat<kD>(dv));
+    fence_registers(flat<kD>(dk));
+    fence_registers(flat<64>(dq));
+    release(bars.empty(slot.stage));
+    add_dq(dq, h, m0);
+  }
+
+  // This thread's dS^T values (A-fragment words) into the [key][query] tile.
+  __device__ void store_ds(const uint32_t (&da)[kM / 16][4], uint32_t tile) const {
+    const int lane = threadIdx.x % 32;
+    const int key = 64 * wg + 16 * ((threadIdx.x % 128) / 32) + lane / 4, col = 2 * (lane % 4);
+#pragma unroll
+    for (int kk = 0; kk < kM / 16; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const uint32_t at = tile + C::DsTile::offset(key + 8 * (r % 2), 16 * kk + 8 * (r / 2) + col);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(da[kk][r]));
+      }
+  }
+
+  // dq_accum += this warpgroup's dQ tile. At d = 64 both warpgroups add to the same columns; in
+  // deterministic mode warpgroup 1 waits for warpgroup 0, so the order of the sums is fixed.
+  __device__ void add_dq(const float (&dq)[8][4], int h, int m0) const {
+    const bool ordered = C::kDqOwnKeys && p.deterministic;
+    if (ordered && wg == 1) named_barrier_sync(kDqOrderBarrier, 256);
+    const int lane = threadIdx.x % 32, col0 = C::kDqOwnKeys ? 0 : 64 * wg;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t i = m0 + 16 * ((threadIdx.x % 128) / 32) + lane / 4 + 8 * half;
+      float* row = dq_accum + ((seq.packed_q + i) * p.heads_q + h) * kD + col0;
+      backward_detail::accumulate_dq_row(row, i < seq.seqlen_q, dq, half);
+    }
+    if (ordered && wg == 0) named_barrier_arrive(kDqOrderBarrier, 256);
+  }
+
+  // dK = scale * sum dS^T Q and dV of this warpgroup's valid keys and columns.
+  __device__ void store_dk_dv(const KeyBlockWork& w) const {
+    const int lane = threadIdx.x % 32;
+    Elem* dk_rows = operand_row<Elem>(p.dk, b, seq.k_start + w.j0, hk);
+    Elem* dv_rows = operand_row<Elem>(p.dv, b, seq.k_start + w.j0, hk);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int key = 64 * wg + 16 * ((threadIdx.x % 128) / 32) + lane / 4 + 8 * half;
+      if (key >= w.keys_valid) continue;
+#pragma unroll
+      for (int dt = 0; dt < kD / 8; ++dt) {
+        const int col = dt * 8 + 2 * (lane % 4);
+        if (col >= p.head_dim) continue;
+        *reinterpret_cast<uint32_t*>(dk_rows + key * p.dk.row + col) =
+            pack2<T>(dk[dt][2 * half] * p.scale, dk[dt][2 * half + 1] * p.scale);
+        *reinterpret_cast<uint32_t*>(dv_rows + key * p.dv.row + col) = pack2<T>(dv[dt][2 * half], dv[dt][2 * half + 1]);
+      }
+    }
+  }
+};
+
+// kGeneral: scores need ScoreRule::transform (softcap, ALiBi, non-positive scale).
+template <typename T, int kD, bool kGeneral>
+__global__ void __launch_bounds__(BackwardConfig<T, kD>::kThreads, 1)
+    backward_kernel(const __grid_constant__ BackwardArgs args) {
+  using C = BackwardConfig<T, kD>;
+  const KernelParams& p = args.p;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t smem = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
+  const int hk = blockIdx.y, b = blockIdx.z;
+  const Sequence seq = Sequence::of(p, b);
+  const int n_blocks = (seq.seqlen_k + C::kN - 1) / C::kN;
+
+  const BackwardBarriers<C::kStages> bars{smem + C::kBarrierOffset};
+  if (threadIdx.x == 0) {
+    mbarrier_init(bars.kv_full(), 1);
+    mbarrier_init(bars.kv_empty(), 8);  // one arrival per consumer warp
+    for (int s = 0; s < C::kStages; ++s) {
+      mbarrier_init(bars.full(s), 1 + 32);  // the TMA thread's expect-tx and the row warp's lanes
+      mbarrier_init(bars.empty(s), 8);
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+
+  const int wg = int(threadIdx.x) / 128, warp = int(threadIdx.x) / 32;
+  if (wg == 0) {
+    registers_release<C::kProducerRegisters>();
+    if (threadIdx.x == 0) produce_tiles<C>(args, seq, b, hk, n_blocks, smem, bars);
+    if (warp == 1) produce_rows<C>(p, seq, hk, n_blocks, smem, bars);
+  } else {
+    registers_claim<C::kConsumerRegisters>();
+    float* dq_accum = p.dq_accum + (p.dq_copies > 1 ? int64_t(blockIdx.x) * p.rows_q * p.heads_q * kD : 0);
+    BackwardConsumer<T, kD, kGeneral> consumer{p, seq, b, hk, smem, bars, wg - 1, dq_accum};
+    consumer.run(n_blocks);
+  }
+}
+
+}  // namespace flashattn::cuda::sm90
