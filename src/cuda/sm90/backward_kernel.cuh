@@ -3,16 +3,18 @@
 // A block owns 128 keys of one (batch, kv head) and keeps dK and dV for them in registers while
 // it walks over the query blocks (64 rows, every query head of the GQA group) that see them. The
 // producer warpgroup gives up its registers: one thread loads K and V once and Q and dO of each
-// step into a ring of stages by TMA, one warp copies the step's lse and delta rows. Each of the
-// two consumer warpgroups owns 64 of the keys, with keys as the rows of its products:
+// step into a ring of stages by TMA, one warp copies the step's lse and delta rows, and two warps
+// add the consumers' dQ tiles to the fp32 accumulator. Each of the two consumer warpgroups owns
+// 64 of the keys, with keys as the rows of its products:
 //   S^T = K Q^T, dP^T = V dO^T                     wgmma SS, K-major operands
 //   P^T = exp2(S^T - lse), dS^T = P^T (dP^T - delta) in the accumulator registers
 //   dV += P^T dO, dK += dS^T Q                      wgmma RS: P^T and dS^T straight from registers
 //   dQ += dS K                                      wgmma SS from dS^T in shared memory (M-major A)
-// and adds its dQ tile to the fp32 accumulator with vector atomics. At d = 128 warpgroup w
-// computes dQ columns [64 w, 64 w + 64) over all 128 keys; at d = 64 it computes every column
-// over its own 64 keys. Deterministic mode: the grid holds one block per dq_accum copy, each
-// walking its key blocks in a fixed order, and at d = 64 warpgroup 1 adds after warpgroup 0.
+// and hands its dQ tile through shared memory to its producer warp, which adds it to dq_accum
+// with vector atomics. At d = 128 warpgroup w computes dQ columns [64 w, 64 w + 64) over all 128
+// keys; at d = 64 it computes every column over its own 64 keys. Deterministic mode: the grid
+// holds one block per dq_accum copy, each walking its key blocks in a fixed order, and at d = 64
+// consumer 1's tile is added after consumer 0's.
 #pragma once
 
 #include <cuda.h>
@@ -37,9 +39,10 @@ struct BackwardArgs {
   KernelParams p;
 };
 
-template <typename T, int kD>
+template <typename T, int D>
 struct BackwardConfig {
-  static_assert(backward_supported(kD), "the sm90 backward serves head dims 64 and 128");
+  static constexpr int kD = D;
+  static_assert(backward_supported(D), "the sm90 backward serves head dims 64 and 128");
   static constexpr BackwardShape kShape = backward_shape(kD);
   static constexpr int kM = kShape.block_m, kN = kShape.block_n, kStages = kShape.stages;
   static constexpr int kThreads = 384;  // producer + two consumer warpgroups of 64 keys
@@ -56,8 +59,11 @@ struct BackwardConfig {
   static constexpr int kDoOffset = kQOffset + kStages * QTile::kBytes;
   static constexpr int kDsOffset = kDoOffset + kStages * QTile::kBytes;
   static constexpr int kRowsOffset = kDsOffset + 2 * DsTile::kBytes;  // [stage][lse2, delta][kM] floats
-  static constexpr int kBarrierOffset = kRowsOffset + kStages * 2 * kM * 4;
-  static constexpr int kBarriers = 2 + 2 * kStages;
+  static constexpr int kDqPitch = 72;  // floats per row of a dQ tile: conflict-free fragment stores
+  static constexpr int kDqTileBytes = kM * kDqPitch * 4;
+  static constexpr int kDqOffset = kRowsOffset + kStages * 2 * kM * 4;  // one fp32 dQ tile per consumer
+  static constexpr int kBarrierOffset = kDqOffset + 2 * kDqTileBytes;
+  static constexpr int kBarriers = 2 + 2 * kStages + 6;
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
   static_assert(kSmemBytes == backward_smem_bytes(kD), "the host reads the same size");
   // Register budgets after reallocation: setmaxnreg moves registers inside the block's launch
@@ -66,9 +72,8 @@ struct BackwardConfig {
   static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 384 * 168, "over the block's registers");
 };
 
-// Named barriers: dS^T of both warpgroups written (d = 128), of one warpgroup (d = 64, 2 + w),
-// and warpgroup 0's dQ atomics done (deterministic d = 64).
-constexpr int kDsBarrier = 1, kDsOwnBarrier = 2, kDqOrderBarrier = 4;
+// Named barriers: dS^T of both warpgroups written (d = 128), of one warpgroup (d = 64, 2 + w).
+constexpr int kDsBarrier = 1, kDsOwnBarrier = 2;
 
 template <int kStages>
 struct BackwardBarriers {
@@ -77,6 +82,10 @@ struct BackwardBarriers {
   __device__ uint32_t kv_empty() const { return base + 8; }
   __device__ uint32_t full(int s) const { return base + 8 * (2 + s); }  // Q, dO (TMA) and rows (a warp)
   __device__ uint32_t empty(int s) const { return base + 8 * (2 + kStages + s); }
+  __device__ uint32_t dq_full(int wg) const { return base + 8 * (2 + 2 * kStages + wg); }  // consumer wg's tile
+  __device__ uint32_t dq_empty(int wg) const { return base + 8 * (4 + 2 * kStages + wg); }
+  // Deterministic d = 64: dQ warp w's tile of a step added (the two warps take turns).
+  __device__ uint32_t dq_added(int wg) const { return base + 8 * (6 + 2 * kStages + wg); }
 };
 
 // The key blocks of this block: every gridDim.x-th one, alternating direction (c, 2G-1-c, 2G+c,
@@ -172,6 +181,36 @@ __device__ void produce_rows(const KernelParams& p, const Sequence& seq, int hk,
   });
 }
 
+// Warp 2 + wg of the producer: adds consumer wg's dQ tile of each step to dq_accum, 16-byte
+// atomics along the rows, then hands the tile back.
+template <typename C>
+__device__ void add_dq_tiles(const KernelParams& p, const Sequence& seq, int hk, int n_blocks, uint32_t smem,
+                             const BackwardBarriers<C::kStages>& bars, int wg, float* dq_accum) {
+  const int lane = threadIdx.x % 32, col0 = C::kDqOwnKeys ? 0 : 64 * wg;
+  const bool ordered = C::kDqOwnKeys && p.deterministic;
+  const float* tile = reinterpret_cast<const float*>(__cvta_shared_to_generic(smem + C::kDqOffset + wg * C::kDqTileBytes));
+  int step_index = 0;
+  for_each_key_block(n_blocks, [&](int n) {
+    const KeyBlockWork w = KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n);
+    for (int s = 0; s < w.walk.steps(); ++s) {
+      const int h = w.walk.head(s), m0 = w.walk.m_block(s) * C::kM;
+      const uint32_t parity = uint32_t(step_index++) & 1u;
+      mbarrier_wait(bars.dq_full(wg), parity);
+      // Turns: warp 0 adds step i after warp 1 added step i - 1, warp 1 after warp 0 added step i.
+      if (ordered) mbarrier_wait(bars.dq_added(wg ^ 1), wg == 0 ? parity ^ 1u : parity);
+      const int rows = min(C::kM, seq.seqlen_q - m0);
+      float* first_row = dq_accum + ((seq.packed_q + m0) * p.heads_q + h) * C::kD + col0;
+      for (int c = lane; c < rows * 16; c += 32) {  // 16 float4 per row
+        const int r = c / 16, col = (c % 16) * 4;
+        atomicAdd(reinterpret_cast<float4*>(first_row + int64_t(r) * p.heads_q * C::kD + col),
+                  *reinterpret_cast<const float4*>(tile + r * C::kDqPitch + col));
+      }
+      if (ordered) mbarrier_arrive(bars.dq_added(wg));  // every lane: its atomics are issued
+      mbarrier_arrive(bars.dq_empty(wg));  // every lane: its reads of the tile are done
+    }
+  });
+}
+
 // One consumer warpgroup: 64 keys, dK and dV in registers.
 template <typename T, int kD, bool kGeneral>
 struct BackwardConsumer {
@@ -185,7 +224,6 @@ struct BackwardConsumer {
   uint32_t smem;
   BackwardBarriers<C::kStages> bars;
   int wg;  // consumer index: keys [64 wg, 64 wg + 64) of the block
-  float* dq_accum;
   float dk[kD / 8][4], dv[kD / 8][4];
 
   __device__ uint32_t k_tile() const { return smem; }
@@ -196,8 +234,9 @@ struct BackwardConsumer {
   __device__ const float* rows(int stage) const {
     return reinterpret_cast<const float*>(__cvta_shared_to_generic(smem + C::kRowsOffset)) + stage * 2 * kM;
   }
-  // One arrival per warp once this warpgroup's wgmma reading a stage are done.
+  // One arrival per warp, once every lane is done with what the barrier guards.
   __device__ static void release(uint32_t bar) {
+    __syncwarp();
     if (threadIdx.x % 32 == 0) mbarrier_arrive(bar);
   }
 
@@ -224,32 +263,47 @@ struct BackwardConsumer {
     return (j < w.seqlen_k) & (w.left < 0 | d >= -w.left) & (w.right < 0 | d <= w.right);
   }
 
-  // S^T and dP^T of one step -> P^T and dS^T in place.
-  __device__ void to_gradients(float (&st)[kM / 8][4], float (&dpt)[kM / 8][4], const float* row_values, int h, int m0,
-                               int64_t j0) const {
-    const ScoreRule rule = ScoreRule::make(p, seq, b, h);
-    const bool masked = !rule.block_unmasked(m0, kM, j0, kN);
-    const float exp_scale = kGeneral ? 1.f : rule.exp_scale;
+  // S^T -> P^T = exp2(S^T - lse) in place, masked entries (and rows past the sequence, whose
+  // lse is +inf) 0. Returns softcap's derivative factor through `cap_grad` where it applies.
+  __device__ void to_probabilities(float (&st)[kM / 8][4], float (&cap_grad)[kM / 8][4], const float* lse2,
+                                   const ScoreRule& rule, int m0, int64_t j0) const {
     const int lane = threadIdx.x % 32, key0 = int(j0) + 64 * wg + 16 * ((threadIdx.x % 128) / 32) + lane / 4;
+    auto query = [&](int jt, int e) { return 8 * jt + 2 * (lane % 4) + e % 2; };  // local query of [jt][e]
+    if (kGeneral) {
+#pragma unroll
+      for (int jt = 0; jt < kM / 8; ++jt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float& s = st[jt][e];
+          const float th = rule.softcap > 0.f ? tanhf(rule.scale * s / rule.softcap) : 0.f;
+          cap_grad[jt][e] = 1.f - th * th;
+          s = rule.transform(s, m0 + query(jt, e), key0 + 8 * (e / 2));
+        }
+    }
+    if (!rule.block_unmasked(m0, kM, j0, kN)) {
+#pragma unroll
+      for (int jt = 0; jt < kM / 8; ++jt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (!visible(rule.window, m0 + query(jt, e), key0 + 8 * (e / 2))) st[jt][e] = -INFINITY;
+    }
+    const float exp_scale = kGeneral ? 1.f : rule.exp_scale;
+#pragma unroll
+    for (int jt = 0; jt < kM / 8; ++jt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[jt][e] = fast_exp2(fmaf(st[jt][e], exp_scale, -lse2[query(jt, e)]));
+  }
+
+  // dP^T -> dS^T = P^T (dP^T - delta) (times softcap's derivative) in place.
+  __device__ void to_score_gradients(const float (&pt)[kM / 8][4], float (&dpt)[kM / 8][4],
+                                     const float (&cap_grad)[kM / 8][4], const float* delta) const {
+    const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int jt = 0; jt < kM / 8; ++jt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int q_local = 8 * jt + 2 * (lane % 4) + e % 2;
-        const int i = m0 + q_local, j = key0 + 8 * (e / 2);
-        float s = st[jt][e];
-        float cap_grad = 1.f;
-        if (kGeneral) {
-          if (rule.softcap > 0.f) {
-            const float th = tanhf(rule.scale * s / rule.softcap);
-            cap_grad = 1.f - th * th;
-          }
-          s = rule.transform(s, i, j);
-        }
-        if (masked && !visible(rule.window, i, j)) s = -INFINITY;
-        const float prob = fast_exp2(fmaf(s, exp_scale, -row_values[q_local]));
-        st[jt][e] = prob;
-        dpt[jt][e] = prob * (dpt[jt][e] - row_values[kM + q_local]) * cap_grad;
+        const float ds = pt[jt][e] * (dpt[jt][e] - delta[8 * jt + 2 * (lane % 4) + e % 2]);
+        dpt[jt][e] = kGeneral ? ds * cap_grad[jt][e] : ds;
       }
   }
 
@@ -261,22 +315,27 @@ struct BackwardConsumer {
     using DsTile = typename C::DsTile;
     mbarrier_wait(bars.full(slot.stage), slot.parity);
 
-    // S^T = K Q^T and dP^T = V dO^T for this warpgroup's keys.
+    // S^T = K Q^T and dP^T = V dO^T for this warpgroup's keys; P^T while dP^T is computed.
     float st[kM / 8][4], dpt[kM / 8][4];
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk)
       WgmmaOp<T, kM>::template ss<0, 0>(flat<kM>(st), k_major_descriptor<KTile>(k_tile(), 64 * wg, kk),
                                         k_major_descriptor<QTile>(q_tile(slot.stage), 0, kk), kk > 0);
+    wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk)
       WgmmaOp<T, kM>::template ss<0, 0>(flat<kM>(dpt), k_major_descriptor<KTile>(v_tile(), 64 * wg, kk),
                                         k_major_descriptor<QTile>(do_tile(slot.stage), 0, kk), kk > 0);
     wgmma_commit();
-    wgmma_wait<0>();
+    wgmma_wait<1>();
     fence_registers(flat<kM>(st));
+    const ScoreRule rule = ScoreRule::make(p, seq, b, h);
+    float cap_grad[kM / 8][4];
+    to_probabilities(st, cap_grad, rows(slot.stage), rule, m0, w.j0);
+    wgmma_wait<0>();
     fence_registers(flat<kM>(dpt));
-    to_gradients(st, dpt, rows(slot.stage), h, m0, w.j0);
+    to_score_gradients(st, dpt, cap_grad, rows(slot.stage) + kM);
 
     // dV += P^T dO and dK += dS^T Q, the A operands straight from the accumulators.
     uint32_t pa[kM / 16][4], da[kM / 16][4];
@@ -316,8 +375,22 @@ struct BackwardConsumer {
     fence_registers(flat<kD>(dv));
     fence_registers(flat<kD>(dk));
     fence_registers(flat<64>(dq));
-    release(bars.empty(slot.stage));
-    add_dq(dq, h, m0);
+    mbarrier_arrive(bars.empty(slot.stage));
+    hand_over_dq(dq, step_index);
+  }
+
+  // The dQ tile to this warpgroup's shared buffer once its producer warp is done with the last.
+  __device__ void hand_over_dq(const float (&dq)[8][4], int step_index) const {
+    mbarrier_wait(bars.dq_empty(wg), (uint32_t(step_index) & 1u) ^ 1u);
+    const int lane = threadIdx.x % 32, row = 16 * ((threadIdx.x % 128) / 32) + lane / 4;
+    float* tile = reinterpret_cast<float*>(__cvta_shared_to_generic(smem + C::kDqOffset + wg * C::kDqTileBytes));
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        *reinterpret_cast<float2*>(tile + (row + 8 * half) * C::kDqPitch + 8 * j + 2 * (lane % 4)) =
+            make_float2(dq[j][2 * half], dq[j][2 * half + 1]);
+    mbarrier_arrive(bars.dq_full(wg));  // every thread: its part of the tile is written
   }
 
   // This thread's dS^T values (A-fragment words) into the [key][query] tile.
@@ -331,21 +404,6 @@ struct BackwardConsumer {
         const uint32_t at = tile + C::DsTile::offset(key + 8 * (r % 2), 16 * kk + 8 * (r / 2) + col);
         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(da[kk][r]));
       }
-  }
-
-  // dq_accum += this warpgroup's dQ tile. At d = 64 both warpgroups add to the same columns; in
-  // deterministic mode warpgroup 1 waits for warpgroup 0, so the order of the sums is fixed.
-  __device__ void add_dq(const float (&dq)[8][4], int h, int m0) const {
-    const bool ordered = C::kDqOwnKeys && p.deterministic;
-    if (ordered && wg == 1) named_barrier_sync(kDqOrderBarrier, 256);
-    const int lane = threadIdx.x % 32, col0 = C::kDqOwnKeys ? 0 : 64 * wg;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int64_t i = m0 + 16 * ((threadIdx.x % 128) / 32) + lane / 4 + 8 * half;
-      float* row = dq_accum + ((seq.packed_q + i) * p.heads_q + h) * kD + col0;
-      backward_detail::accumulate_dq_row(row, i < seq.seqlen_q, dq, half);
-    }
-    if (ordered && wg == 0) named_barrier_arrive(kDqOrderBarrier, 256);
   }
 
   // dK = scale * sum dS^T Q and dV of this warpgroup's valid keys and columns.
@@ -387,7 +445,12 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD>::kThreads, 1)
     mbarrier_init(bars.kv_empty(), 8);  // one arrival per consumer warp
     for (int s = 0; s < C::kStages; ++s) {
       mbarrier_init(bars.full(s), 1 + 32);  // the TMA thread's expect-tx and the row warp's lanes
-      mbarrier_init(bars.empty(s), 8);
+      mbarrier_init(bars.empty(s), 256);  // every consumer thread: it also reads the stage's rows
+    }
+    for (int c = 0; c < 2; ++c) {
+      mbarrier_init(bars.dq_full(c), 128);  // the consumer's threads
+      mbarrier_init(bars.dq_empty(c), 32);  // its dQ warp's lanes
+      mbarrier_init(bars.dq_added(c), 32);
     }
     mbarrier_init_fence();
   }
@@ -398,10 +461,13 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD>::kThreads, 1)
     registers_release<C::kProducerRegisters>();
     if (threadIdx.x == 0) produce_tiles<C>(args, seq, b, hk, n_blocks, smem, bars);
     if (warp == 1) produce_rows<C>(p, seq, hk, n_blocks, smem, bars);
+    if (warp >= 2) {
+      float* dq_accum = p.dq_accum + (p.dq_copies > 1 ? int64_t(blockIdx.x) * p.rows_q * p.heads_q * kD : 0);
+      add_dq_tiles<C>(p, seq, hk, n_blocks, smem, bars, warp - 2, dq_accum);
+    }
   } else {
     registers_claim<C::kConsumerRegisters>();
-    float* dq_accum = p.dq_accum + (p.dq_copies > 1 ? int64_t(blockIdx.x) * p.rows_q * p.heads_q * kD : 0);
-    BackwardConsumer<T, kD, kGeneral> consumer{p, seq, b, hk, smem, bars, wg - 1, dq_accum};
+    BackwardConsumer<T, kD, kGeneral> consumer{p, seq, b, hk, smem, bars, wg - 1};
     consumer.run(n_blocks);
   }
 }

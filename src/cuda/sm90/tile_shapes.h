@@ -42,13 +42,14 @@ struct BackwardShape {
 constexpr bool backward_supported(int head_dim) { return head_dim == 64 || head_dim == 128; }
 constexpr BackwardShape backward_shape(int /*head_dim*/) { return BackwardShape{64, 128, 2}; }
 
-// K, V, the Q and dO stages, two dS^T buffers, lse and delta rows per stage, the mbarriers, and
-// 1 KiB of slack for the alignment of the tiles.
+// K, V, the Q and dO stages, two dS^T buffers, lse and delta rows per stage, an fp32 dQ tile
+// per consumer (rows padded to 72 floats), the mbarriers, and 1 KiB of slack for the alignment
+// of the tiles.
 constexpr int backward_smem_bytes(int head_dim) {
   const BackwardShape s = backward_shape(head_dim);
-  const int barriers = 2 + 2 * s.stages;
+  const int barriers = 2 + 2 * s.stages + 6;
   return 2 * head_dim * (2 * s.block_n + 2 * s.stages * s.block_m) + 2 * 2 * s.block_n * s.block_m +
-         2 * 4 * s.block_m * s.stages + 8 * barriers + 1024;
+         2 * 4 * s.block_m * s.stages + 2 * 4 * 72 * s.block_m + 8 * barriers + 1024;
 }
 
 }  // namespace flashattn::cuda::sm90
