@@ -41,7 +41,6 @@ void DeviceBuffer::download(void* host, size_t bytes) const {
 bool cuda_backend_present() { return flashattn_backend_available(FLASHATTN_BACKEND_CUDA) != 0; }
 
 std::string cuda_kernels(flashattn_dtype dtype, int head_dim, float dropout) {
-#if defined(FLASHATTN_WITH_CUDA)
   Params p;
   p.pass = Pass::forward;
   p.dtype = DType(dtype);
@@ -54,9 +53,6 @@ std::string cuda_kernels(flashattn_dtype dtype, int head_dim, float dropout) {
   if (!hopper_forward && !hopper_backward) return "sm80 kernels (mma.sync)";
   return std::string(hopper_forward ? "sm90 forward (TMA, wgmma)" : "sm80 forward (mma.sync)") + ", " +
          (hopper_backward ? "sm90 backward (TMA, wgmma)" : "sm80 backward (mma.sync)");
-#else
-  return "no CUDA kernels compiled";
-#endif
 }
 
 double time_call_ms(const std::function<void()>& fn, bool on_cuda) {
@@ -93,6 +89,8 @@ void DeviceBuffer::download(void*, size_t bytes) const {
 }
 
 bool cuda_backend_present() { return false; }
+
+std::string cuda_kernels(flashattn_dtype, int, float) { return "no CUDA kernels compiled"; }
 
 double time_call_ms(const std::function<void()>& fn, bool) {
   const auto start = std::chrono::steady_clock::now();

@@ -137,9 +137,10 @@ TEST(CpuBackwardDropout, RedrawsTheSameKeepMask) {
   }
 }
 
-// Float32 problems with at least 8 (batch, kv head) groups take the single-pass backward (dQ
-// accumulated in the output itself); the others the two-pass one. Both against the oracle, in
-// dense and varlen form with every feature, and bit-identical for 1 and 2 threads.
+// Problems with at least 8 (batch, kv head) groups take the single-pass backward (dQ accumulated
+// in float32: the output itself, or a per-thread buffer for 16-bit gradients); the others the
+// two-pass one. Against the oracle in every dtype, in dense and varlen form with every feature,
+// and bit-identical for 1 and 2 threads.
 TEST(CpuBackwardSinglePass, ManyGroupsMatchOracle) {
   Case dense;
   dense.batch = 2;
@@ -157,16 +158,19 @@ TEST(CpuBackwardSinglePass, ManyGroupsMatchOracle) {
   varlen.seqlens_q = {0, 17, 130, 1, 64, 3, 200, 9};  // 8 sequences x 4 kv heads: 32 groups
   varlen.seqlens_k = {5, 0, 97, 64, 64, 300, 1, 9};
   varlen.layout = Layout::bhsd;
-  for (const Case& c : {dense, varlen}) {
-    CaseData data(c);
-    expect_backward_matches_oracle(data);
+  for (const flashattn_dtype dtype : {FLASHATTN_DTYPE_FLOAT32, FLASHATTN_DTYPE_BFLOAT16, FLASHATTN_DTYPE_FLOAT16}) {
+    for (Case c : {dense, varlen}) {
+      c.dtype = dtype;
+      CaseData data(c);
+      expect_backward_matches_oracle(data);
 
-    Case one_thread = c;
-    one_thread.num_threads = 1;
-    CaseData serial(one_thread);
-    ASSERT_EQ(serial.forward(), FLASHATTN_SUCCESS);
-    ASSERT_EQ(serial.backward(), FLASHATTN_SUCCESS);
-    EXPECT_EQ(serial.dq.bytes(), data.dq.bytes()) << "dq differs between 1 and default threads";
-    EXPECT_EQ(serial.dk.bytes(), data.dk.bytes());
+      Case one_thread = c;
+      one_thread.num_threads = 1;
+      CaseData serial(one_thread);
+      ASSERT_EQ(serial.forward(), FLASHATTN_SUCCESS);
+      ASSERT_EQ(serial.backward(), FLASHATTN_SUCCESS);
+      EXPECT_EQ(serial.dq.bytes(), data.dq.bytes()) << "dq differs between 1 and default threads";
+      EXPECT_EQ(serial.dk.bytes(), data.dk.bytes());
+    }
   }
 }

@@ -1,7 +1,8 @@
 // CPU FlashAttention backward. Scores are recomputed tile by tile from the saved lse and dropout is
-// redrawn, so no seqlen_q x seqlen_k buffer exists. Float32 problems with many (batch, kv head)
-// groups take a single pass per group (below); otherwise two passes keep every output element
-// owned by one thread (deterministic, no atomics):
+// redrawn, so no seqlen_q x seqlen_k buffer exists. Problems with many (batch, kv head) groups
+// take a single pass per group (below), dQ accumulating in float32 (in the output itself, or for
+// 16-bit gradients in a per-thread buffer of the group's rows); otherwise two passes keep every
+// output element owned by one thread (deterministic, no atomics):
 //   key pass:   per (batch, kv head, key tile): dV += P~^T dO and dK += dS^T Q over the group's heads;
 //   query pass: per (batch, head, query tile): dQ += dS K.
 // with P = exp(s - lse), dP = z * (dO V^T), D = rowsum(dO * O), dS = P * (dP - D) * softcap'.
@@ -22,6 +23,15 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int kTile = kBlockQ * kBlockK;  // floats of one score tile, either layout
 
+bool use_single_pass(const Params& p);
+
+// Floats of the float32 dQ of one group's query rows that a single pass over 16-bit gradients
+// accumulates before converting (0 when dQ accumulates in a float32 output).
+size_t dq_buffer_floats(const Params& p) {
+  if (p.dtype == DType::f32 || !use_single_pass(p)) return 0;
+  return size_t(p.group_size()) * size_t(p.seqlen_q) * size_t(p.head_dim);
+}
+
 struct BackwardScratch {
   float *stationary_a, *stationary_b;  // K^T and V^T (key pass) or Q^T and dO^T (query pass)
   float *q, *dout, *o;                 // packed rows of the streamed side
@@ -30,12 +40,13 @@ struct BackwardScratch {
   float *s, *dp, *z, *cap_grad, *dropped;
   const float* ptilde = nullptr;       // P~: `dropped`, or `s` without dropout
   float *acc_a, *acc_b;                // dK, dV (key pass) or dQ (query pass)
+  float* dq_buffer;                    // single pass, 16-bit gradients: [group head][query row][d]
 
   static size_t floats(const Params& p) {
     const size_t d = p.head_dim, dv = p.head_dim_v, rows = std::max(kBlockQ, kBlockK);
     auto r = Scratch::round_up;
     return r(d * rows) + r(dv * rows) + 2 * r(rows * d) + 2 * r(rows * dv) + 2 * r(kBlockQ) + 5 * r(kTile) +
-           r(rows * d) + r(rows * dv);
+           r(rows * d) + r(rows * dv) + r(dq_buffer_floats(p));
   }
   BackwardScratch(const Params& p, float* base) {
     const int d = p.head_dim, dv = p.head_dim_v, rows = std::max(kBlockQ, kBlockK);
@@ -55,6 +66,7 @@ struct BackwardScratch {
     dropped = a.take(kTile);
     acc_a = a.take(rows * d);
     acc_b = a.take(rows * dv);
+    dq_buffer = a.take(dq_buffer_floats(p));
   }
 };
 
@@ -105,9 +117,24 @@ void tile_gradients(const Ctx& c, const ScoreRule& rule, const TileShape& shape,
   });
 }
 
-// dV and dK of keys [j0, j0 + nk) of kv head hk. With `dq_in_place` (single pass) it also adds
-// dS K into the float32 dq output, unscaled.
-void key_pass_tile(const Ctx& c, int b, int hk, int64_t j0, BackwardScratch& w, bool dq_in_place) {
+// Where a single pass accumulates the float32 dQ of a group's query rows: the dq output itself, or
+// a buffer of [group head][row][d].
+struct DqRows {
+  float* base = nullptr;
+  int64_t head_stride = 0, row_stride = 0;
+
+  float* row(int head_in_group, int64_t i) const { return base + head_in_group * head_stride + i * row_stride; }
+
+  static DqRows of(const Params& p, int b, int hk, const BackwardScratch& w) {
+    if (p.dtype != DType::f32) return {w.dq_buffer, int64_t(p.seqlen_q_of(b)) * p.head_dim, p.head_dim};
+    float* first = static_cast<float*>(p.dq.data) + element_offset(p.dq, b, p.q_start(b), 0, hk * p.group_size());
+    return {first, p.dq.head, p.dq.row};
+  }
+};
+
+// dV and dK of keys [j0, j0 + nk) of kv head hk. With `dq` (single pass) it also adds dS K into
+// the group's float32 dQ rows, unscaled.
+void key_pass_tile(const Ctx& c, int b, int hk, int64_t j0, BackwardScratch& w, const DqRows* dq_rows) {
   const Params& p = c.p;
   const int d = p.head_dim, dv = p.head_dim_v;
   const int64_t ks = p.k_start(b), qs = p.q_start(b);
@@ -115,7 +142,7 @@ void key_pass_tile(const Ctx& c, int b, int hk, int64_t j0, BackwardScratch& w, 
   float *kt = w.stationary_a, *vt = w.stationary_b, *dk = w.acc_a, *dvacc = w.acc_b;
   load_transposed(c.codec, p.k, b, ks, j0, nk, hk, d, kt, kBlockK);
   load_transposed(c.codec, p.v, b, ks, j0, nk, hk, dv, vt, kBlockK);
-  const float* k_rows = dq_in_place ? pack_rows(c.codec, p.k, b, ks, j0, nk, hk, d, w.k_rows) : nullptr;
+  const float* k_rows = dq_rows ? pack_rows(c.codec, p.k, b, ks, j0, nk, hk, d, w.k_rows) : nullptr;
   std::fill(dk, dk + nk * d, 0.f);
   std::fill(dvacc, dvacc + nk * dv, 0.f);
   for (int h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h) {
@@ -134,9 +161,9 @@ void key_pass_tile(const Ctx& c, int b, int hk, int64_t j0, BackwardScratch& w, 
       tile_gradients(c, rule, shape, i0, j0, w);
       gemm_tn(nk, dv, nq, w.ptilde, kBlockK, dout, dv, dvacc, dv);  // dV += P~^T dO
       gemm_tn(nk, d, nq, w.dp, kBlockK, q, d, dk, d);                 // dK += dS^T Q
-      if (dq_in_place) {
-        float* dq = static_cast<float*>(p.dq.data) + element_offset(p.dq, b, qs, i0, h);
-        gemm_nn(nq, d, nk, w.dp, kBlockK, k_rows, d, dq, int(p.dq.row));  // dQ += dS K
+      if (dq_rows) {
+        float* dq = dq_rows->row(h - hk * p.group_size(), i0);
+        gemm_nn(nq, d, nk, w.dp, kBlockK, k_rows, d, dq, int(dq_rows->row_stride));  // dQ += dS K
       }
     }
   }
@@ -174,26 +201,34 @@ void query_pass_tile(const Ctx& c, int b, int h, int64_t i0, BackwardScratch& w)
 }
 
 // Single pass over (batch, kv head): every key tile in order, dQ of the group's heads accumulated
-// in the float32 output itself; 5 tile products per tile pair instead of the two passes' 7.
+// in float32; 5 tile products per tile pair instead of the two passes' 7.
 void single_pass_group(const Ctx& c, int b, int hk, BackwardScratch& w) {
   const Params& p = c.p;
-  const int d = p.head_dim;
+  const int d = p.head_dim, group = p.group_size();
   const int64_t qs = p.q_start(b), sq = p.seqlen_q_of(b), sk = p.seqlen_k_of(b);
-  auto dq_row = [&](int h, int64_t i) { return static_cast<float*>(p.dq.data) + element_offset(p.dq, b, qs, i, h); };
-  for (int h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h)
-    for (int64_t i = 0; i < sq; ++i) std::fill(dq_row(h, i), dq_row(h, i) + d, 0.f);
-  for (int64_t j0 = 0; j0 < sk; j0 += kBlockK) key_pass_tile(c, b, hk, j0, w, true);
-  for (int h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h)
+  const DqRows dq = DqRows::of(p, b, hk, w);
+  for (int g = 0; g < group; ++g)
+    for (int64_t i = 0; i < sq; ++i) std::fill(dq.row(g, i), dq.row(g, i) + d, 0.f);
+  for (int64_t j0 = 0; j0 < sk; j0 += kBlockK) key_pass_tile(c, b, hk, j0, w, &dq);
+  for (int g = 0; g < group; ++g) {
     for (int64_t i = 0; i < sq; ++i)
-      for (float *x = dq_row(h, i), *end = x + d; x < end; ++x) *x *= p.scale;
+      for (float *x = dq.row(g, i), *end = x + d; x < end; ++x) *x *= p.scale;
+    if (p.dtype != DType::f32)  // the buffer's rows, converted, in pieces of at most kBlockQ rows
+      for (int64_t i0 = 0; i0 < sq; i0 += kBlockQ)
+        store_rows(c.codec, dq.row(g, i0), d, p.dq, b, qs, i0, int(std::min<int64_t>(kBlockQ, sq - i0)),
+                   hk * group + g, d);
+  }
 }
 
-// The single pass needs float32 gradients (dQ accumulates in place) and enough (batch, kv head)
-// groups to occupy the threads. The choice depends on the shape only, never on the thread count,
-// so results stay bit-identical however many threads run.
+// The single pass needs enough (batch, kv head) groups to occupy the threads and, for 16-bit
+// gradients, a float32 dQ buffer of a group's rows of at most 32 MiB per thread. The choice depends
+// on the shape only, never on the thread count, so results stay bit-identical however many
+// threads run.
 bool use_single_pass(const Params& p) {
-  constexpr int64_t kMinGroups = 8;
-  return p.dtype == DType::f32 && int64_t(p.batch) * p.heads_kv >= kMinGroups && p.dq.row <= INT32_MAX;
+  constexpr int64_t kMinGroups = 8, kMaxBufferFloats = int64_t(8) << 20;
+  if (int64_t(p.batch) * p.heads_kv < kMinGroups) return false;
+  if (p.dtype == DType::f32) return p.dq.row <= INT32_MAX;
+  return int64_t(p.group_size()) * p.seqlen_q * p.head_dim <= kMaxBufferFloats;
 }
 
 // Runs body(item, scratch) for items [0, n) on the CPU's threads, each with its own scratch.
@@ -239,7 +274,7 @@ Status backward(const Params& p) {
     return Status::ok();
   }
   parallel_tiles(p, p.heads_kv, kBlockK, true,
-                 [&](int b, int hk, int64_t j0, BackwardScratch& w) { key_pass_tile(c, b, hk, j0, w, false); });
+                 [&](int b, int hk, int64_t j0, BackwardScratch& w) { key_pass_tile(c, b, hk, j0, w, nullptr); });
   parallel_tiles(p, p.heads_q, kBlockQ, false,
                  [&](int b, int h, int64_t i0, BackwardScratch& w) { query_pass_tile(c, b, h, i0, w); });
   return Status::ok();
