@@ -154,10 +154,8 @@ void key_pass_tile(const Ctx& c, int b, int hk, int64_t j0, BackwardScratch& w, 
       const float* q = pack_rows(c.codec, p.q, b, qs, i0, nq, h, d, w.q);
       const float* dout = pack_rows(c.codec, p.dout, b, qs, i0, nq, h, dv, w.dout);
       load_row_stats(c, b, h, i0, nq, dout, w);
-      std::fill(w.s, w.s + kTile, 0.f);
-      std::fill(w.dp, w.dp + kTile, 0.f);
-      gemm_nn(nq, nk, d, q, d, kt, kBlockK, w.s, kBlockK);            // S = Q K^T
-      gemm_nn(nq, nk, dv, dout, dv, vt, kBlockK, w.dp, kBlockK);    // dP~ = dO V^T
+      gemm_nn_set(nq, nk, d, q, d, kt, kBlockK, w.s, kBlockK);          // S = Q K^T
+      gemm_nn_set(nq, nk, dv, dout, dv, vt, kBlockK, w.dp, kBlockK);  // dP~ = dO V^T
       tile_gradients(c, rule, shape, i0, j0, w);
       gemm_tn(nk, dv, nq, w.ptilde, kBlockK, dout, dv, dvacc, dv);  // dV += P~^T dO
       gemm_tn(nk, d, nq, w.dp, kBlockK, q, d, dk, d);                 // dK += dS^T Q
@@ -189,10 +187,8 @@ void query_pass_tile(const Ctx& c, int b, int h, int64_t i0, BackwardScratch& w)
     const TileShape shape = TileShape::key_major(nq, nk, kBlockQ);
     const float* k = pack_rows(c.codec, p.k, b, ks, j0, nk, hk, d, w.q);
     const float* v = pack_rows(c.codec, p.v, b, ks, j0, nk, hk, dv, w.o);
-    std::fill(w.s, w.s + kTile, 0.f);
-    std::fill(w.dp, w.dp + kTile, 0.f);
-    gemm_nn(nk, nq, d, k, d, qt, kBlockQ, w.s, kBlockQ);     // S^T = K Q^T
-    gemm_nn(nk, nq, dv, v, dv, dot, kBlockQ, w.dp, kBlockQ);  // dP~^T = V dO^T
+    gemm_nn_set(nk, nq, d, k, d, qt, kBlockQ, w.s, kBlockQ);     // S^T = K Q^T
+    gemm_nn_set(nk, nq, dv, v, dv, dot, kBlockQ, w.dp, kBlockQ);  // dP~^T = V dO^T
     tile_gradients(c, rule, shape, i0, j0, w);
     gemm_tn(nq, d, nk, w.dp, kBlockQ, k, d, dq, d);          // dQ += dS K
   }

@@ -113,8 +113,7 @@ void attend(const Ctx& c, const ScoreRule& rule, int b, int h, int64_t i0, int n
       for (int j = 0; j < nk; ++j)
         for (int r = 0; r < nq; ++r) w.s[j * kBlockQ + r] = dot(k + int64_t(j) * d, q + int64_t(r) * d, d);
     } else {
-      std::fill(w.s, w.s + nk * kBlockQ, 0.f);
-      gemm_nn(nk, nq, d, k, d, w.qt, kBlockQ, w.s, kBlockQ);  // S^T = K Q^T
+      gemm_nn_set(nk, nq, d, k, d, w.qt, kBlockQ, w.s, kBlockQ);  // S^T = K Q^T
     }
     rule.transform(w.s, shape, i0, j0, nullptr);
     online_softmax(w.s, nq, nk, w, dv);

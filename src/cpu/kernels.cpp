@@ -38,15 +38,15 @@ FA_INLINE typename Vec<W>::f load(const float* p) { return *reinterpret_cast<con
 template <int W>
 FA_INLINE void store(float* p, typename Vec<W>::f x) { *reinterpret_cast<typename Vec<W>::f*>(p) = x; }
 
-// A tile of R rows x 2W columns of C accumulated in registers while p runs over k.
-// A is read as A[i + r][p] (plain) or A[p][i + r] (transposed).
-template <int W, int R, bool TransA>
+// A tile of R rows x 2W columns of C accumulated in registers while p runs over k, starting
+// from C (Accumulate) or from zero. A is read as A[i + r][p] (plain) or A[p][i + r] (transposed).
+template <int W, int R, bool TransA, bool Accumulate>
 FA_INLINE void micro(int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
   using V = typename Vec<W>::f;
   V acc[R][2];
   for (int r = 0; r < R; ++r) {
-    acc[r][0] = load<W>(c + r * ldc);
-    acc[r][1] = load<W>(c + r * ldc + W);
+    acc[r][0] = Accumulate ? load<W>(c + r * ldc) : V{};
+    acc[r][1] = Accumulate ? load<W>(c + r * ldc + W) : V{};
   }
   for (int p = 0; p < k; ++p) {
     const V b0 = load<W>(b + int64_t(p) * ldb), b1 = load<W>(b + int64_t(p) * ldb + W);
@@ -63,11 +63,12 @@ FA_INLINE void micro(int k, const float* a, int lda, const float* b, int ldb, fl
   }
 }
 
-template <int W, int R, bool TransA>
+template <int W, int R, bool TransA, bool Accumulate>
 FA_INLINE void row_block(int i, int j0, int j1, int k, const float* a, int lda, const float* b, int ldb, float* c,
                          int ldc) {
   const float* arow = TransA ? a + i : a + int64_t(i) * lda;
-  for (int j = j0; j < j1; j += 2 * W) micro<W, R, TransA>(k, arow, lda, b + j, ldb, c + int64_t(i) * ldc + j, ldc);
+  for (int j = j0; j < j1; j += 2 * W)
+    micro<W, R, TransA, Accumulate>(k, arow, lda, b + j, ldb, c + int64_t(i) * ldc + j, ldc);
 }
 
 // Rows per register block: 2R accumulators plus two B vectors and a broadcast must fit the
@@ -76,40 +77,40 @@ template <int W>
 constexpr int kBlockRows = W == 16 ? 12 : 6;
 
 // The last m % kBlockRows rows, one instantiation per possible remainder.
-template <int W, int R, bool TransA>
+template <int W, int R, bool TransA, bool Accumulate>
 FA_INLINE void remainder_rows(int rows, int i, int j0, int j1, int k, const float* a, int lda, const float* b, int ldb,
                               float* c, int ldc) {
   if constexpr (R > 0) {
-    if (rows == R) row_block<W, R, TransA>(i, j0, j1, k, a, lda, b, ldb, c, ldc);
-    else remainder_rows<W, R - 1, TransA>(rows, i, j0, j1, k, a, lda, b, ldb, c, ldc);
+    if (rows == R) row_block<W, R, TransA, Accumulate>(i, j0, j1, k, a, lda, b, ldb, c, ldc);
+    else remainder_rows<W, R - 1, TransA, Accumulate>(rows, i, j0, j1, k, a, lda, b, ldb, c, ldc);
   }
 }
 
 // Columns [j0, j1) (a multiple of 2W wide) of C += op(A) B: full row blocks, then the rest.
-template <int W, bool TransA>
+template <int W, bool TransA, bool Accumulate>
 FA_INLINE void column_band(int m, int j0, int j1, int k, const float* a, int lda, const float* b, int ldb, float* c,
                            int ldc) {
   constexpr int R = kBlockRows<W>;
   int i = 0;
-  for (; i + R <= m; i += R) row_block<W, R, TransA>(i, j0, j1, k, a, lda, b, ldb, c, ldc);
-  remainder_rows<W, R - 1, TransA>(m - i, i, j0, j1, k, a, lda, b, ldb, c, ldc);
+  for (; i + R <= m; i += R) row_block<W, R, TransA, Accumulate>(i, j0, j1, k, a, lda, b, ldb, c, ldc);
+  remainder_rows<W, R - 1, TransA, Accumulate>(m - i, i, j0, j1, k, a, lda, b, ldb, c, ldc);
 }
 
-// C[m x n] += op(A) B: bands of 2W columns, a 16-column band when W = 16 leaves one, then single
-// columns.
-template <int W, bool TransA>
+// C[m x n] (+)= op(A) B: bands of 2W columns, a 16-column band when W = 16 leaves one, then
+// single columns.
+template <int W, bool TransA, bool Accumulate = true>
 FA_INLINE void gemm(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
   int j = n - n % (2 * W);
-  column_band<W, TransA>(m, 0, j, k, a, lda, b, ldb, c, ldc);
+  column_band<W, TransA, Accumulate>(m, 0, j, k, a, lda, b, ldb, c, ldc);
   if constexpr (W == 16) {
     if (n - j >= 16) {
-      column_band<8, TransA>(m, j, j + 16, k, a, lda, b, ldb, c, ldc);
+      column_band<8, TransA, Accumulate>(m, j, j + 16, k, a, lda, b, ldb, c, ldc);
       j += 16;
     }
   }
   for (int i = 0; i < m; ++i)
     for (int x = j; x < n; ++x) {
-      float sum = c[int64_t(i) * ldc + x];
+      float sum = Accumulate ? c[int64_t(i) * ldc + x] : 0.f;
       for (int p = 0; p < k; ++p)
         sum += (TransA ? a[int64_t(p) * lda + i] : a[int64_t(i) * lda + p]) * b[int64_t(p) * ldb + x];
       c[int64_t(i) * ldc + x] = sum;
@@ -210,7 +211,7 @@ FA_INLINE void bf16_to_f32_impl(const void* src, float* dst, int n) {
 using GemmFn = void (*)(int, int, int, const float*, int, const float*, int, float*, int);
 struct KernelSet {
   const char* isa;
-  GemmFn nn, tn;
+  GemmFn nn, tn, nn_set;
   float (*dot)(const float*, const float*, int);
   void (*exp)(float*, int);
   void (*softmax)(float*, int, int, int, float*, float*, float*);
@@ -227,14 +228,18 @@ struct KernelSet {
                         int ldc) {                                                                            \
     gemm<W, true>(m, n, k, a, lda, b, ldb, c, ldc);                                                           \
   }                                                                                                           \
+  TARGET void NAME##_nn_set(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c,  \
+                            int ldc) {                                                                        \
+    gemm<W, false, false>(m, n, k, a, lda, b, ldb, c, ldc);                                                   \
+  }                                                                                                           \
   TARGET float NAME##_dot(const float* a, const float* b, int n) { return dot_impl<W>(a, b, n); }             \
   TARGET void NAME##_exp(float* x, int n) { exp_impl<W>(x, n); }                                             \
   TARGET void NAME##_softmax(float* s, int ld, int nq, int nk, float* m, float* l, float* corr) {              \
     online_softmax_impl<W>(s, ld, nq, nk, m, l, corr);                                                        \
   }                                                                                                           \
   TARGET void NAME##_load_bf16(const void* src, float* dst, int n) { bf16_to_f32_impl<W>(src, dst, n); }      \
-  constexpr KernelSet NAME##_set{#NAME,         &NAME##_nn,      &NAME##_tn,       &NAME##_dot,                  \
-                                 &NAME##_exp,   &NAME##_softmax, &NAME##_load_bf16};
+  constexpr KernelSet NAME##_set{#NAME,          &NAME##_nn,      &NAME##_tn,       &NAME##_nn_set,              \
+                                 &NAME##_dot,    &NAME##_exp,     &NAME##_softmax,  &NAME##_load_bf16};
 
 FA_KERNEL_SET(baseline, , 8)
 #if defined(FA_X86_DISPATCH)
@@ -265,6 +270,9 @@ void gemm_nn(int m, int n, int k, const float* a, int lda, const float* b, int l
 }
 void gemm_tn(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
   kernels().tn(m, n, k, a, lda, b, ldb, c, ldc);
+}
+void gemm_nn_set(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
+  kernels().nn_set(m, n, k, a, lda, b, ldb, c, ldc);
 }
 float dot(const float* a, const float* b, int n) { return kernels().dot(a, b, n); }
 void exp_inplace(float* x, int n) { kernels().exp(x, n); }

@@ -10,6 +10,8 @@ namespace flashattn::cpu {
 
 // C[m x n] += A[m x k] * B[k x n]
 void gemm_nn(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc);
+// C[m x n] = A[m x k] * B[k x n] (C's previous values are not read)
+void gemm_nn_set(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc);
 // C[m x n] += A[k x m]^T * B[k x n]
 void gemm_tn(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc);
 // sum of a[i] * b[i]
