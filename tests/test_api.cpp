@@ -298,7 +298,9 @@ TEST(Workspace, QueriesNeedNoDataAndCheckTheirResultPointer) {
   EXPECT_NE(last_error().find("bytes is NULL"), std::string::npos) << last_error();
 }
 
-// The CPU backend's extra memory is O(tile) per thread: it does not grow with square problems.
+// The CPU backend's extra memory never approaches N x N: the backward's is O(tile) per thread;
+// the forward's adds a packed copy of one head's keys while that is at most 16 MiB per thread, and
+// stops growing with the sequence past that.
 TEST(Workspace, CpuForwardAndBackwardDoNotGrowWithTheSequence) {
   auto sizes = [](int n) {
     Case c = small_case();
@@ -306,13 +308,16 @@ TEST(Workspace, CpuForwardAndBackwardDoNotGrowWithTheSequence) {
     c.heads_q = c.heads_kv = 1;
     c.seqlen_q = c.seqlen_k = n;
     c.head_dim = 64;
+    c.num_threads = 2;
     CaseData d(c);
     return std::make_pair(forward_workspace(d), backward_workspace(d));
   };
-  const auto small = sizes(256), large = sizes(8192);
-  EXPECT_EQ(small.first, large.first);
+  const auto small = sizes(256), large = sizes(8192), longer = sizes(1 << 16), longest = sizes(1 << 17);
   EXPECT_EQ(small.second, large.second);
-  EXPECT_LT(large.first, size_t(8192) * 8192 * 4 / 100) << "forward workspace is not small beside N x N";
+  EXPECT_EQ(large.second, longest.second);
+  EXPECT_EQ(longer.first, longest.first) << "forward workspace grows past the packed-keys bound";
+  EXPECT_LT(longest.first, large.first) << "a head's keys past 16 MiB should not be packed whole";
+  EXPECT_LT(large.first, size_t(8192) * 8192 * 4 / 10) << "forward workspace is not small beside N x N";
 }
 
 TEST(CppLayer, RunsAndThrowsWithStatusAndMessage) {

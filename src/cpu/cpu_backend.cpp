@@ -1,5 +1,6 @@
 // The CPU backend: runs everywhere, every feature, float32/float16/bfloat16 inputs with float32
-// accumulation. All extra memory is the workspace: O(tile) per thread.
+// accumulation. All extra memory is the workspace: O(tile) per thread, plus in the forward a packed
+// copy of one head's keys of at most 16 MiB per thread.
 #include <cstdlib>
 
 #include "core/backend.h"

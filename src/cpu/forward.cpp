@@ -1,8 +1,11 @@
 // CPU FlashAttention forward. A work item is a tile of up to kBlockQ query rows of one (batch,
 // head), or, for decoding-shaped calls, one slice of its keys. It keeps a running max m, running
 // sum l and unnormalised output O per row (online softmax) while key/value tiles stream past.
-// Scores are computed key-major, S^T = K Q^T, so Q is transposed once per item and K, V are
-// packed per tile; the softmax's per-row reductions then run down columns, vectorised across rows.
+// Scores are computed key-major, S^T = K Q^T, so Q is transposed once per item; K and V are packed
+// (rows of one head lie a multiple of 4 KiB apart in common layouts and would alias in L1) once
+// per (batch, kv head) a thread meets, into a per-thread copy of the head's keys when that is at
+// most 16 MiB, else per tile. The softmax's per-row reductions run down columns, vectorised
+// across rows.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -50,21 +53,31 @@ struct ForwardPlan {
   }
 };
 
+// Rows of K and V a thread keeps packed: a whole head's keys when they take at most 16 MiB, else
+// one tile. A function of the shape only.
+int64_t packed_key_rows(const Params& p) {
+  constexpr int64_t kMaxFloats = int64_t(4) << 20;
+  const int64_t whole = int64_t(p.seqlen_k) * (p.head_dim + p.head_dim_v);
+  return whole <= kMaxFloats && p.seqlen_k > kBlockK ? p.seqlen_k : kBlockK;
+}
+
 // Per-thread scratch.
 struct ForwardScratch {
   float *qt, *q, *k, *v, *s, *o, *m, *l, *corr;
+  int packed_b = -1, packed_hk = -1;  // the head whose keys k and v hold whole, if any
 
   static size_t floats(const Params& p) {
-    const size_t d = p.head_dim, dv = p.head_dim_v;
+    const size_t d = p.head_dim, dv = p.head_dim_v, keys = size_t(packed_key_rows(p));
     auto r = Scratch::round_up;
-    return r(d * kBlockQ) + r(kFewRows * d) + r(kBlockK * d) + r(kBlockK * dv) + r(kBlockK * kBlockQ) + r(kBlockQ * dv) + 3 * r(kBlockQ);
+    return r(d * kBlockQ) + r(kFewRows * d) + r(keys * d) + r(keys * dv) + r(kBlockK * kBlockQ) + r(kBlockQ * dv) + 3 * r(kBlockQ);
   }
   ForwardScratch(const Params& p, float* base) {
     Scratch a(base);
+    const int64_t keys = packed_key_rows(p);
     qt = a.take(p.head_dim * kBlockQ);
     q = a.take(kFewRows * p.head_dim);
-    k = a.take(kBlockK * p.head_dim);
-    v = a.take(kBlockK * p.head_dim_v);
+    k = a.take(keys * p.head_dim);
+    v = a.take(keys * p.head_dim_v);
     s = a.take(kBlockK * kBlockQ);
     o = a.take(kBlockQ * p.head_dim_v);
     m = a.take(kBlockQ);
@@ -104,11 +117,19 @@ void attend(const Ctx& c, const ScoreRule& rule, int b, int h, int64_t i0, int n
   std::fill(w.m, w.m + kBlockQ, kNegInf);
   std::fill(w.l, w.l + kBlockQ, 0.f);
   std::fill(w.o, w.o + nq * dv, 0.f);
+  const bool whole_head = packed_key_rows(p) > kBlockK;
+  if (whole_head && (w.packed_b != b || w.packed_hk != hk)) {
+    const int n = p.seqlen_k_of(b);
+    pack_rows(c.codec, p.k, b, ks, 0, n, hk, d, w.k);
+    pack_rows(c.codec, p.v, b, ks, 0, n, hk, dv, w.v);
+    w.packed_b = b;
+    w.packed_hk = hk;
+  }
   for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlockK) {
     const int nk = int(std::min<int64_t>(kBlockK, keys.end - j0));
     const TileShape shape = TileShape::key_major(nq, nk, kBlockQ);
-    const float* k = pack_rows(c.codec, p.k, b, ks, j0, nk, hk, d, w.k);
-    const float* v = pack_rows(c.codec, p.v, b, ks, j0, nk, hk, dv, w.v);
+    const float* k = whole_head ? w.k + j0 * d : pack_rows(c.codec, p.k, b, ks, j0, nk, hk, d, w.k);
+    const float* v = whole_head ? w.v + j0 * dv : pack_rows(c.codec, p.v, b, ks, j0, nk, hk, dv, w.v);
     if (few) {
       for (int j = 0; j < nk; ++j)
         for (int r = 0; r < nq; ++r) w.s[j * kBlockQ + r] = dot(k + int64_t(j) * d, q + int64_t(r) * d, d);
