@@ -298,9 +298,9 @@ TEST(Workspace, QueriesNeedNoDataAndCheckTheirResultPointer) {
   EXPECT_NE(last_error().find("bytes is NULL"), std::string::npos) << last_error();
 }
 
-// The CPU backend's extra memory never approaches N x N: the backward's is O(tile) per thread;
-// the forward's adds a packed copy of one head's keys while that is at most 16 MiB per thread, and
-// stops growing with the sequence past that.
+// The CPU backend's extra memory never approaches N x N: O(tile) per thread, plus a packed copy of
+// what every tile re-reads (the forward: one head's keys; the backward: one group's query rows)
+// while that is at most 16 MiB per thread. Past that bound it stops growing with the sequence.
 TEST(Workspace, CpuForwardAndBackwardDoNotGrowWithTheSequence) {
   auto sizes = [](int n) {
     Case c = small_case();
@@ -313,11 +313,13 @@ TEST(Workspace, CpuForwardAndBackwardDoNotGrowWithTheSequence) {
     return std::make_pair(forward_workspace(d), backward_workspace(d));
   };
   const auto small = sizes(256), large = sizes(8192), longer = sizes(1 << 16), longest = sizes(1 << 17);
-  EXPECT_EQ(small.second, large.second);
-  EXPECT_EQ(large.second, longest.second);
   EXPECT_EQ(longer.first, longest.first) << "forward workspace grows past the packed-keys bound";
+  EXPECT_EQ(longer.second, longest.second) << "backward workspace grows past the packed-rows bound";
   EXPECT_LT(longest.first, large.first) << "a head's keys past 16 MiB should not be packed whole";
+  EXPECT_LT(longest.second, large.second) << "a group's rows past 16 MiB should not be packed whole";
+  EXPECT_LT(small.first, large.first);
   EXPECT_LT(large.first, size_t(8192) * 8192 * 4 / 10) << "forward workspace is not small beside N x N";
+  EXPECT_LT(large.second, size_t(8192) * 8192 * 4 / 10) << "backward workspace is not small beside N x N";
 }
 
 TEST(CppLayer, RunsAndThrowsWithStatusAndMessage) {

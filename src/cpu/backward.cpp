@@ -32,11 +32,22 @@ size_t dq_buffer_floats(const Params& p) {
   return size_t(p.group_size()) * size_t(p.seqlen_q) * size_t(p.head_dim);
 }
 
+// Floats of the query side of one (batch, kv head) group that a key pass reads for every key tile
+// (Q and dO packed, D and lse per row, for each head of the group), kept whole per thread when
+// that is at most 16 MiB; 0 otherwise (the rows are then packed per tile).
+size_t group_rows_floats(const Params& p) {
+  const size_t whole = size_t(p.group_size()) * size_t(p.seqlen_q) * size_t(p.head_dim + p.head_dim_v + 2);
+  return whole <= (size_t(4) << 20) ? whole : 0;
+}
+
 struct BackwardScratch {
   float *stationary_a, *stationary_b;  // K^T and V^T (key pass) or Q^T and dO^T (query pass)
   float *q, *dout, *o;                 // packed rows of the streamed side
   float* k_rows;                       // the key tile as rows (single-pass dQ)
-  float *delta, *lse;                  // per query row
+  float *delta, *lse;                  // per query row of a tile
+  const float *row_delta = nullptr, *row_lse = nullptr;  // D and lse of the current tile's rows
+  float* group_rows;                   // group_rows_floats(): [group head][Q | dO | D | lse]
+  int rows_b = -1, rows_hk = -1;       // the group group_rows holds
   float *s, *dp, *z, *cap_grad, *dropped;
   const float* ptilde = nullptr;       // P~: `dropped`, or `s` without dropout
   float *acc_a, *acc_b;                // dK, dV (key pass) or dQ (query pass)
@@ -46,7 +57,7 @@ struct BackwardScratch {
     const size_t d = p.head_dim, dv = p.head_dim_v, rows = std::max(kBlockQ, kBlockK);
     auto r = Scratch::round_up;
     return r(d * rows) + r(dv * rows) + 2 * r(rows * d) + 2 * r(rows * dv) + 2 * r(kBlockQ) + 5 * r(kTile) +
-           r(rows * d) + r(rows * dv) + r(dq_buffer_floats(p));
+           r(rows * d) + r(rows * dv) + r(dq_buffer_floats(p)) + r(group_rows_floats(p));
   }
   BackwardScratch(const Params& p, float* base) {
     const int d = p.head_dim, dv = p.head_dim_v, rows = std::max(kBlockQ, kBlockK);
@@ -67,7 +78,16 @@ struct BackwardScratch {
     acc_a = a.take(rows * d);
     acc_b = a.take(rows * dv);
     dq_buffer = a.take(dq_buffer_floats(p));
+    group_rows = a.take(group_rows_floats(p));
   }
+
+  // Head g of the group in group_rows: Q rows, dO rows, D, lse (seqlen_q rows each).
+  float* group_q(const Params& p, int g) const {
+    return group_rows + size_t(g) * size_t(p.seqlen_q) * size_t(p.head_dim + p.head_dim_v + 2);
+  }
+  float* group_dout(const Params& p, int g) const { return group_q(p, g) + size_t(p.seqlen_q) * p.head_dim; }
+  float* group_delta(const Params& p, int g) const { return group_dout(p, g) + size_t(p.seqlen_q) * p.head_dim_v; }
+  float* group_lse(const Params& p, int g) const { return group_delta(p, g) + p.seqlen_q; }
 };
 
 struct Ctx {
@@ -85,6 +105,28 @@ void load_row_stats(const Ctx& c, int b, int h, int64_t i0, int nq, const float*
     w.delta[r] = dot(dout + int64_t(r) * dv, o + int64_t(r) * dv, dv);
     w.lse[r] = p.lse[b * p.lse_batch + h * p.lse_head + qs + i0 + r];
   }
+  w.row_delta = w.delta;
+  w.row_lse = w.lse;
+}
+
+// Packs the query side of group (b, hk) into w.group_rows: Q and dO rows, D and lse.
+void load_group_rows(const Ctx& c, int b, int hk, BackwardScratch& w) {
+  const Params& p = c.p;
+  const int d = p.head_dim, dv = p.head_dim_v, group = p.group_size();
+  const int64_t qs = p.q_start(b), sq = p.seqlen_q_of(b);
+  for (int g = 0; g < group; ++g) {
+    const int h = hk * group + g;
+    pack_rows(c.codec, p.q, b, qs, 0, int(sq), h, d, w.group_q(p, g));
+    pack_rows(c.codec, p.dout, b, qs, 0, int(sq), h, dv, w.group_dout(p, g));
+    for (int64_t i0 = 0; i0 < sq; i0 += kBlockQ) {
+      const int nq = int(std::min<int64_t>(kBlockQ, sq - i0));
+      load_row_stats(c, b, h, i0, nq, w.group_dout(p, g) + i0 * dv, w);
+      std::copy(w.delta, w.delta + nq, w.group_delta(p, g) + i0);
+      std::copy(w.lse, w.lse + nq, w.group_lse(p, g) + i0);
+    }
+  }
+  w.rows_b = b;
+  w.rows_hk = hk;
 }
 
 // From raw q.k products in w.s and raw dO.v products in w.dp (both in `shape`): w.s = P,
@@ -95,7 +137,7 @@ void tile_gradients(const Ctx& c, const ScoreRule& rule, const TileShape& shape,
   rule.transform(w.s, shape, i0, j0, capped ? w.cap_grad : nullptr);
   // P = exp(s - lse); a row without visible keys (lse = -inf) has P = 0.
   float* s = w.s;
-  const float* lse = w.lse;
+  const float* lse = w.row_lse;
   shape.for_each([&](int r, int, int x) { s[x] = lse[r] == kNegInf ? kNegInf : s[x] - lse[r]; });
   if (shape.is_key_major()) {
     for (int col = 0; col < shape.nk; ++col) exp_inplace(s + col * shape.col, shape.nq);
@@ -109,7 +151,7 @@ void tile_gradients(const Ctx& c, const ScoreRule& rule, const TileShape& shape,
     w.ptilde = w.dropped;
   }
   float* dp = w.dp;
-  const float *z = w.z, *g = w.cap_grad, *delta = w.delta;
+  const float *z = w.z, *g = w.cap_grad, *delta = w.row_delta;
   shape.for_each([&](int r, int, int x) {  // dS = P (z dP~ - D); dropped keys still get -P D
     float ds = s[x] * ((dropout ? z[x] * dp[x] : dp[x]) - delta[r]);
     if (capped) ds *= g[x];
@@ -145,15 +187,26 @@ void key_pass_tile(const Ctx& c, int b, int hk, int64_t j0, BackwardScratch& w, 
   const float* k_rows = dq_rows ? pack_rows(c.codec, p.k, b, ks, j0, nk, hk, d, w.k_rows) : nullptr;
   std::fill(dk, dk + nk * d, 0.f);
   std::fill(dvacc, dvacc + nk * dv, 0.f);
+  const bool whole_group = group_rows_floats(p) > 0;
+  if (whole_group && (w.rows_b != b || w.rows_hk != hk)) load_group_rows(c, b, hk, w);
   for (int h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h) {
     const ScoreRule rule = ScoreRule::make(p, b, h);
     const Span rows = queries_seeing(rule.window, j0, nk);
     for (int64_t i0 = rows.begin; i0 < rows.end; i0 += kBlockQ) {
       const int nq = int(std::min<int64_t>(kBlockQ, rows.end - i0));
       const TileShape shape = TileShape::query_major(nq, nk, kBlockK);
-      const float* q = pack_rows(c.codec, p.q, b, qs, i0, nq, h, d, w.q);
-      const float* dout = pack_rows(c.codec, p.dout, b, qs, i0, nq, h, dv, w.dout);
-      load_row_stats(c, b, h, i0, nq, dout, w);
+      const int g = h - hk * p.group_size();
+      const float *q, *dout;
+      if (whole_group) {
+        q = w.group_q(p, g) + i0 * d;
+        dout = w.group_dout(p, g) + i0 * dv;
+        w.row_delta = w.group_delta(p, g) + i0;
+        w.row_lse = w.group_lse(p, g) + i0;
+      } else {
+        q = pack_rows(c.codec, p.q, b, qs, i0, nq, h, d, w.q);
+        dout = pack_rows(c.codec, p.dout, b, qs, i0, nq, h, dv, w.dout);
+        load_row_stats(c, b, h, i0, nq, dout, w);
+      }
       gemm_nn_set(nq, nk, d, q, d, kt, kBlockK, w.s, kBlockK);          // S = Q K^T
       gemm_nn_set(nq, nk, dv, dout, dv, vt, kBlockK, w.dp, kBlockK);  // dP~ = dO V^T
       tile_gradients(c, rule, shape, i0, j0, w);
