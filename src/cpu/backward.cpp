@@ -131,8 +131,8 @@ void load_group_rows(const Ctx& c, int b, int hk, BackwardScratch& w) {
 
 // From raw q.k products in w.s and raw dO.v products in w.dp (both in `shape`): w.s = P,
 // w.ptilde = P~ (after dropout), w.dp = dS without the softmax scale.
-void tile_gradients(const Ctx& c, const ScoreRule& rule, const TileShape& shape, int64_t i0, int64_t j0,
-                    BackwardScratch& w) {
+FA_MULTIVERSION void tile_gradients(const Ctx& c, const ScoreRule& rule, const TileShape& shape, int64_t i0,
+                                    int64_t j0, BackwardScratch& w) {
   const bool capped = c.p.softcap > 0, dropout = rule.dropout.enabled();
   rule.transform(w.s, shape, i0, j0, capped ? w.cap_grad : nullptr);
   // P = exp(s - lse); a row without visible keys (lse = -inf) has P = 0.

@@ -6,6 +6,14 @@
 
 #include "core/params.h"
 
+// Element-wise tile passes outside kernels.cpp compile once per instruction set too (GCC picks
+// the clone for the running CPU at load time), so their loops vectorise to the CPU's width.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#define FA_MULTIVERSION __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define FA_MULTIVERSION
+#endif
+
 namespace flashattn::cpu {
 
 // C[m x n] += A[m x k] * B[k x n]

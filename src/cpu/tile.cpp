@@ -43,7 +43,8 @@ ScoreRule ScoreRule::make(const Params& p, int b, int h) {
   return r;
 }
 
-void ScoreRule::transform(float* s, const TileShape& shape, int64_t i0, int64_t j0, float* cap_grad) const {
+FA_MULTIVERSION void ScoreRule::transform(float* s, const TileShape& shape, int64_t i0, int64_t j0,
+                                          float* cap_grad) const {
   const float sc = scale;
   shape.for_each([&](int, int, int x) { s[x] *= sc; });
   if (softcap > 0) {
