@@ -19,11 +19,16 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${FLASHATTN_GPU_BUILD:-$root/build-gpu}
 mkdir -p "$out"
 summary=()
+# A kernel that deadlocks hangs its process: every step runs under a time limit (seconds,
+# FLASHATTN_STEP_TIMEOUT, default 600) and reports TIMED OUT instead of holding the machine.
+limit=${FLASHATTN_STEP_TIMEOUT:-600}
 step() {  # step NAME LOG COMMAND...: runs and records pass/fail with the time taken
   local name=$1 log=$2
   shift 2
-  local start=$SECONDS
-  if "$@" >"$out/$log" 2>&1; then summary+=("$name: ok ($((SECONDS - start)) s)")
+  local start=$SECONDS rc=0
+  timeout "$limit" "$@" >"$out/$log" 2>&1 || rc=$?
+  if [ "$rc" -eq 0 ]; then summary+=("$name: ok ($((SECONDS - start)) s)")
+  elif [ "$rc" -eq 124 ]; then summary+=("$name: TIMED OUT after $limit s (a hang? see $log)")
   else summary+=("$name: FAILED ($((SECONDS - start)) s, see $log)"); fi
 }
 
