@@ -33,11 +33,11 @@ size_t dq_buffer_floats(const Params& p) {
 }
 
 // Floats of the query side of one (batch, kv head) group that a key pass reads for every key tile
-// (Q and dO packed, D and lse per row, for each head of the group), kept whole per thread when
-// that is at most 16 MiB; 0 otherwise (the rows are then packed per tile).
+// (Q and dO packed, D and lse per row, for each head of the group), kept whole per thread up to
+// kMaxPackedFloats; 0 otherwise (the rows are then packed per tile).
 size_t group_rows_floats(const Params& p) {
   const size_t whole = size_t(p.group_size()) * size_t(p.seqlen_q) * size_t(p.head_dim + p.head_dim_v + 2);
-  return whole <= (size_t(4) << 20) ? whole : 0;
+  return whole <= size_t(kMaxPackedFloats) ? whole : 0;
 }
 
 struct BackwardScratch {

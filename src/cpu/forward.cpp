@@ -53,12 +53,11 @@ struct ForwardPlan {
   }
 };
 
-// Rows of K and V a thread keeps packed: a whole head's keys when they take at most 16 MiB, else
-// one tile. A function of the shape only.
+// Rows of K and V a thread keeps packed: a whole head's keys (up to kMaxPackedFloats), else one
+// tile. A function of the shape only.
 int64_t packed_key_rows(const Params& p) {
-  constexpr int64_t kMaxFloats = int64_t(4) << 20;
   const int64_t whole = int64_t(p.seqlen_k) * (p.head_dim + p.head_dim_v);
-  return whole <= kMaxFloats && p.seqlen_k > kBlockK ? p.seqlen_k : kBlockK;
+  return whole <= kMaxPackedFloats && p.seqlen_k > kBlockK ? p.seqlen_k : kBlockK;
 }
 
 // Per-thread scratch.

@@ -9,8 +9,7 @@
 // baseline (W = 8, as pairs of SSE registers), x86-64-v3 (AVX2 + FMA, W = 8) and x86-64-v4
 // (AVX-512, W = 16). The CPU picks one set at first use; FLASHATTN_CPU_ISA=avx2|baseline forces a
 // lower one (tests and benchmarks compare them).
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
-#define FA_X86_DISPATCH 1
+#if defined(FA_X86_DISPATCH)
 #define FA_TARGET(arch) __attribute__((target("arch=" arch)))
 #else
 #define FA_TARGET(arch)

@@ -6,9 +6,13 @@
 
 #include "core/params.h"
 
-// Element-wise tile passes outside kernels.cpp compile once per instruction set too (GCC picks
-// the clone for the running CPU at load time), so their loops vectorise to the CPU's width.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+// Code compiled once per x86-64 instruction set: the kernels below through explicit entry points
+// (FA_X86_DISPATCH), element-wise tile passes elsewhere through GCC's target clones, picked for
+// the running CPU at load time, so their loops vectorise to the CPU's width (FA_MULTIVERSION).
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+#define FA_X86_DISPATCH 1
+#endif
+#if defined(FA_X86_DISPATCH) && !defined(__clang__)
 #define FA_MULTIVERSION __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define FA_MULTIVERSION

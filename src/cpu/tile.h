@@ -15,6 +15,9 @@ namespace flashattn::cpu {
 constexpr int kBlockQ = 96;  // query rows per work item: the stationary side, transposed once
 constexpr int kBlockK = 96;  // keys per streamed tile
 static_assert(kBlockQ % 16 == 0, "the softmax step reads whole 16-lane vectors of query rows");
+// What every tile re-reads (the forward: a head's keys; the backward's key pass: a group's query
+// rows) is packed once per thread while it takes at most this many floats (16 MiB), else per tile.
+constexpr int64_t kMaxPackedFloats = int64_t(4) << 20;
 
 // Bump allocator over one thread's slice of the workspace; sizes in floats, 64-byte aligned.
 class Scratch {

@@ -121,6 +121,17 @@ TEST_F(CudaAttentionRuns, DeterministicBackwardIsBitIdentical) {
   }
 }
 
+// True where the sm_90a kernels may serve: compiled in, a compute capability 9.0 device, and
+// not forced off with FLASHATTN_CUDA_KERNELS=sm80.
+bool hopper_kernels_expected() {
+#ifdef FLASHATTN_WITH_SM90
+  const char* forced = std::getenv("FLASHATTN_CUDA_KERNELS");
+  return cuda::device_info(0).compute_capability == 90 && !(forced && std::string(forced) == "sm80");
+#else
+  return false;
+#endif
+}
+
 // On a compute capability 9.0 device the sm_90a forward serves every call without dropout
 // (unless FLASHATTN_CUDA_KERNELS=sm80); dropout stays on the sm80 kernel, which draws its mask.
 TEST_F(CudaAttentionRuns, Sm90ForwardServesHopperWithoutDropout) {
@@ -129,11 +140,7 @@ TEST_F(CudaAttentionRuns, Sm90ForwardServesHopperWithoutDropout) {
   p.dtype = DType::bf16;
   p.head_dim = p.head_dim_v = 96;
   p.device = FLASHATTN_DEVICE_CUDA;
-  const char* forced = std::getenv("FLASHATTN_CUDA_KERNELS");
-  bool hopper = cuda::device_info(0).compute_capability == 90 && !(forced && std::string(forced) == "sm80");
-#ifndef FLASHATTN_WITH_SM90
-  hopper = false;
-#endif
+  const bool hopper = hopper_kernels_expected();
   EXPECT_STREQ(cuda::forward_kernels(p), hopper ? "sm90" : "sm80");
   p.dropout_p = 0.1f;
   EXPECT_STREQ(cuda::forward_kernels(p), "sm80");
@@ -146,11 +153,7 @@ TEST_F(CudaAttentionRuns, Sm90BackwardServesHeadDimsUpTo128WithoutDropout) {
   p.pass = Pass::backward;
   p.dtype = DType::f16;
   p.device = FLASHATTN_DEVICE_CUDA;
-  const char* forced = std::getenv("FLASHATTN_CUDA_KERNELS");
-  bool hopper = cuda::device_info(0).compute_capability == 90 && !(forced && std::string(forced) == "sm80");
-#ifndef FLASHATTN_WITH_SM90
-  hopper = false;
-#endif
+  const bool hopper = hopper_kernels_expected();
   for (int d : {40, 64, 96, 128}) {
     p.head_dim = p.head_dim_v = d;
     EXPECT_STREQ(cuda::backward_kernels(p), hopper ? "sm90" : "sm80") << "head dim " << d;

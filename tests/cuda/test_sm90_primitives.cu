@@ -235,24 +235,39 @@ TEST_F(Sm90Primitives, NamedBarrierAndMbarrierHandOffBetweenWarpgroups) {
   }
 }
 
+// Runs a product kernel on one warpgroup with `smem` bytes of dynamic shared memory; `c` receives
+// the 64 x n fp32 product it writes through its last argument.
+template <typename Kernel, typename... Args>
+void run_product(Kernel kernel, int smem, int n, std::vector<float>* c, Args... args) {
+  DeviceBuffer<float> out(64 * n);
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  kernel<<<1, 128, smem>>>(args..., out.get());
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  *c = out.to_host();
+}
+
+// Largest |ref(i, j) - c[i][j]| over a 64 x n product.
+template <typename Ref>
+double worst_error(const std::vector<float>& c, int n, Ref ref) {
+  double worst = 0;
+  for (int i = 0; i < 64; ++i)
+    for (int j = 0; j < n; ++j) worst = std::max(worst, std::abs(ref(i, j) - c[i * n + j]));
+  return worst;
+}
+
 template <int N, int K>
 void check_ss() {
   const Bf16Matrix a = random_bf16(64 * K, 1), b = random_bf16(N * K, 2);
   DeviceBuffer<uint16_t> da(a.bits), db(b.bits);
-  DeviceBuffer<float> dc(64 * N);
+  std::vector<float> c;
   const int smem = SwizzledTile<64, K>::kBytes + SwizzledTile<N, K>::kBytes + 1024;
-  cudaFuncSetAttribute(wgmma_ss_product<N, K>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  wgmma_ss_product<N, K><<<1, 128, smem>>>(da.get(), db.get(), dc.get());
-  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const std::vector<float> c = dc.to_host();
-  double worst = 0;
-  for (int i = 0; i < 64; ++i)
-    for (int j = 0; j < N; ++j) {
-      double ref = 0;
-      for (int k = 0; k < K; ++k) ref += double(a.values[i * K + k]) * b.values[j * K + k];
-      worst = std::max(worst, std::abs(ref - c[i * N + j]));
-    }
+  ASSERT_NO_FATAL_FAILURE(run_product(wgmma_ss_product<N, K>, smem, N, &c, da.get(), db.get()));
+  const double worst = worst_error(c, N, [&](int i, int j) {
+    double ref = 0;
+    for (int k = 0; k < K; ++k) ref += double(a.values[i * K + k]) * b.values[j * K + k];
+    return ref;
+  });
   EXPECT_LT(worst, 1e-3) << "N=" << N << " K=" << K;
 }
 
@@ -260,20 +275,14 @@ template <int N, int K>
 void check_rs() {
   const Bf16Matrix p = random_bf16(64 * K, 3), v = random_bf16(K * N, 4);
   DeviceBuffer<uint16_t> dp(p.bits), dv(v.bits);
-  DeviceBuffer<float> dc(64 * N);
-  const int smem = SwizzledTile<K, N>::kBytes + 1024;
-  cudaFuncSetAttribute(wgmma_rs_product<N, K>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  wgmma_rs_product<N, K><<<1, 128, smem>>>(dp.get(), dv.get(), dc.get());
-  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const std::vector<float> c = dc.to_host();
-  double worst = 0;
-  for (int i = 0; i < 64; ++i)
-    for (int j = 0; j < N; ++j) {
-      double ref = 1;
-      for (int k = 0; k < K; ++k) ref += double(p.values[i * K + k]) * v.values[k * N + j];
-      worst = std::max(worst, std::abs(ref - c[i * N + j]));
-    }
+  std::vector<float> c;
+  ASSERT_NO_FATAL_FAILURE(run_product(wgmma_rs_product<N, K>, SwizzledTile<K, N>::kBytes + 1024, N, &c, dp.get(),
+                                      dv.get()));
+  const double worst = worst_error(c, N, [&](int i, int j) {
+    double ref = 1;
+    for (int k = 0; k < K; ++k) ref += double(p.values[i * K + k]) * v.values[k * N + j];
+    return ref;
+  });
   EXPECT_LT(worst, 1e-3) << "N=" << N << " K=" << K;
 }
 
@@ -281,20 +290,15 @@ template <int K, int kBCols>
 void check_ss_transposed(int b_block) {
   const Bf16Matrix at = random_bf16(K * 64, 5), b = random_bf16(K * kBCols, 6);
   DeviceBuffer<uint16_t> dat(at.bits), db(b.bits);
-  DeviceBuffer<float> dc(64 * 64);
+  std::vector<float> c;
   const int smem = SwizzledTile<K, 64>::kBytes + SwizzledTile<K, kBCols>::kBytes + 1024;
-  cudaFuncSetAttribute(wgmma_ss_transposed_product<K, kBCols>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  wgmma_ss_transposed_product<K, kBCols><<<1, 128, smem>>>(dat.get(), db.get(), b_block, dc.get());
-  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const std::vector<float> c = dc.to_host();
-  double worst = 0;
-  for (int i = 0; i < 64; ++i)
-    for (int j = 0; j < 64; ++j) {
-      double ref = 0;
-      for (int k = 0; k < K; ++k) ref += double(at.values[k * 64 + i]) * b.values[k * kBCols + 64 * b_block + j];
-      worst = std::max(worst, std::abs(ref - c[i * 64 + j]));
-    }
+  ASSERT_NO_FATAL_FAILURE(
+      run_product(wgmma_ss_transposed_product<K, kBCols>, smem, 64, &c, dat.get(), db.get(), b_block));
+  const double worst = worst_error(c, 64, [&](int i, int j) {
+    double ref = 0;
+    for (int k = 0; k < K; ++k) ref += double(at.values[k * 64 + i]) * b.values[k * kBCols + 64 * b_block + j];
+    return ref;
+  });
   EXPECT_LT(worst, 1e-3) << "K=" << K << " B block " << b_block;
 }
 

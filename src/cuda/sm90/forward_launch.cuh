@@ -15,12 +15,10 @@ Status launch_forward(const KernelParams& p, cudaStream_t stream) {
   using C = ForwardConfig<T, kD>;
   ForwardArgs args;
   args.p = p;
-  const bool varlen = p.cu_seqlens_q != nullptr, bf16_data = std::is_same_v<T, bf16>;
-  const int64_t batch = varlen ? 1 : p.batch;
-  const int64_t rows_q = varlen ? p.rows_q : p.seqlen_q, rows_k = varlen ? p.rows_k : p.seqlen_k;
-  FA_TRY(make_tensor_map(&args.q, p.q, bf16_data, batch, rows_q, p.heads_q, p.head_dim, C::kM));
-  FA_TRY(make_tensor_map(&args.k, p.k, bf16_data, batch, rows_k, p.heads_kv, p.head_dim, C::kN));
-  FA_TRY(make_tensor_map(&args.v, p.v, bf16_data, batch, rows_k, p.heads_kv, p.head_dim, C::kN));
+  constexpr bool kBf16 = std::is_same_v<T, bf16>;
+  FA_TRY(make_operand_map(&args.q, p.q, p, Side::queries, kBf16, C::kM));
+  FA_TRY(make_operand_map(&args.k, p.k, p, Side::keys, kBf16, C::kN));
+  FA_TRY(make_operand_map(&args.v, p.v, p, Side::keys, kBf16, C::kN));
   const auto kernel = ScoreRule::is_general(p) ? forward_kernel<T, kD, true> : forward_kernel<T, kD, false>;
   FA_TRY(device_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes),
                        "cudaFuncSetAttribute(sm90 forward_kernel)"));

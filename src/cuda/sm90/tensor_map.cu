@@ -54,4 +54,11 @@ Status make_tensor_map(CUtensorMap* map, const Operand& o, bool bf16, int64_t ba
   return Status::ok();
 }
 
+Status make_operand_map(CUtensorMap* map, const Operand& o, const KernelParams& p, Side side, bool bf16, int box_rows) {
+  const bool varlen = p.cu_seqlens_q != nullptr, keys = side == Side::keys;
+  const int64_t rows = varlen ? (keys ? p.rows_k : p.rows_q) : (keys ? p.seqlen_k : p.seqlen_q);
+  return make_tensor_map(map, o, bf16, varlen ? 1 : p.batch, rows, keys ? p.heads_kv : p.heads_q, p.head_dim,
+                         box_rows);
+}
+
 }  // namespace flashattn::cuda::sm90

@@ -7,6 +7,7 @@
 
 #include "core/params.h"
 #include "core/status.h"
+#include "cuda/kernel_params.h"
 
 namespace flashattn::cuda::sm90 {
 
@@ -15,5 +16,12 @@ namespace flashattn::cuda::sm90 {
 // read as zeros.
 Status make_tensor_map(CUtensorMap* map, const Operand& o, bool bf16, int64_t batch, int64_t rows, int64_t heads,
                        int64_t dim, int box_rows);
+
+// Which extents an operand of a call has: the queries' (q, out, dout) or the keys' (k, v).
+enum class Side { queries, keys };
+
+// make_tensor_map() for operand `o` of call `p`: its side's rows and heads, and for varlen calls
+// one batch of the packed rows.
+Status make_operand_map(CUtensorMap* map, const Operand& o, const KernelParams& p, Side side, bool bf16, int box_rows);
 
 }  // namespace flashattn::cuda::sm90
