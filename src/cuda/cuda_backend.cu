@@ -183,6 +183,7 @@ BackwardChoice choose_backward(const Params& p) {
     c = {v->backward, padded, backward_shape(padded).block_n, v->backward_smem, false};
   }
   c.dq_copies = backward_dq_copies(p, c.block_n);
+  if (c.hopper && p.deterministic) c.dq_copies *= sm90::backward_dq_copies_per_block(c.padded);
   return c;
 }
 

@@ -1,5 +1,6 @@
 // The sm_90a primitives of src/cuda/sm90 against host references, on a compute capability 9.0
-// device: TMA loads (swizzled placement, zero fill past every extent, mbarrier completion),
+// device: TMA loads (swizzled placement, zero fill past every extent, mbarrier completion) and
+// reduce-adds (fp32 swizzled boxes, dropped past the extent, bulk-group completion),
 // register reallocation with hand-offs through a named barrier and an mbarrier, and wgmma in the
 // forms the kernels use: SS with K-major operands (S = Q K^T), RS with an N-major B (O = P V) and
 // SS with an M-major A and an N-major B (the backward's dQ = dS K), over several column blocks of
@@ -51,6 +52,26 @@ __global__ void tma_box(const __grid_constant__ CUtensorMap map, int c0, int c1,
   mbarrier_wait(bar, 0);
   for (int i = threadIdx.x; i < Tile::kBytes / 2; i += blockDim.x)
     out[i] = reinterpret_cast<const uint16_t*>(generic(tile))[i];
+}
+
+// Writes value(r, c) = r * 64 + c + 1 into a 64 x 64 SwizzledFloatTile, then adds its two 32-column boxes to the accumulator at column c0,
+// head c1, row c2 by TMA reduce-add, as the backward hands over its dQ tiles.
+__global__ void tma_reduce_tile(const __grid_constant__ CUtensorMap map, int c0, int c1, int c2) {
+  using Tile = SwizzledFloatTile<64, 64>;
+  extern __shared__ unsigned char smem[];
+  const uint32_t tile = aligned_base(smem);
+  for (int i = threadIdx.x; i < 64 * 64; i += blockDim.x) {
+    const int r = i / 64, c = i % 64;
+    *reinterpret_cast<float*>(generic(tile + Tile::offset(r, c))) = float(r * 64 + c + 1);
+  }
+  fence_async_shared();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    tma_reduce_add_3d(map, tile, c0, c1, c2);
+    tma_reduce_add_3d(map, tile + Tile::kBlockBytes, c0 + 32, c1, c2);
+    bulk_commit();
+    bulk_wait<0>();
+  }
 }
 
 // C[64][N] = A[64][K] B[N][K]^T, both K-major in swizzled shared tiles (S = Q K^T).
@@ -220,6 +241,34 @@ TEST_F(Sm90Primitives, TmaLoadPlacesSwizzledBoxAndZeroFills) {
       const uint16_t have = got[SwizzledTile<kRows, 64>::offset(r, c) / 2];
       if (have != want && wrong++ < 5) ADD_FAILURE() << "box (" << r << ", " << c << "): " << have << " != " << want;
     }
+  EXPECT_EQ(wrong, 0);
+}
+
+// A [100 rows][3 heads][96 columns] fp32 accumulator: two launches add a 64 x 64 tile at
+// columns 32..95, head 1, rows 50..113; every element of the tile inside the extent gains twice
+// its value, rows past 100 are dropped, and nothing else changes.
+TEST_F(Sm90Primitives, TmaReduceAddAccumulatesSwizzledBoxesAndDropsPastTheRows) {
+  const int rows = 100, heads = 3, dim = 96, c0 = 32, c1 = 1, c2 = 50;
+  std::vector<float> start(size_t(rows) * heads * dim);
+  for (size_t i = 0; i < start.size(); ++i) start[i] = float(i % 7) - 3.f;
+  DeviceBuffer<float> acc(start);
+  CUtensorMap map;
+  ASSERT_TRUE(make_accumulator_map(&map, acc.get(), rows, heads, dim, 64).is_ok());
+  for (int launch = 0; launch < 2; ++launch)
+    tma_reduce_tile<<<1, 128, SwizzledFloatTile<64, 64>::kBytes + 1024>>>(map, c0, c1, c2);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> got = acc.to_host();
+  int wrong = 0;
+  for (int r = 0; r < rows; ++r)
+    for (int h = 0; h < heads; ++h)
+      for (int c = 0; c < dim; ++c) {
+        const size_t at = (size_t(r) * heads + h) * dim + c;
+        const bool in_tile = h == c1 && r >= c2 && r < c2 + 64 && c >= c0 && c < c0 + 64;
+        const float want = start[at] + (in_tile ? 2.f * float((r - c2) * 64 + (c - c0) + 1) : 0.f);
+        if (got[at] != want && wrong++ < 5)
+          ADD_FAILURE() << "row " << r << ", head " << h << ", column " << c << ": " << got[at] << " != " << want;
+      }
   EXPECT_EQ(wrong, 0);
 }
 

@@ -3,18 +3,19 @@
 // A block owns 128 keys of one (batch, kv head) and keeps dK and dV for them in registers while
 // it walks over the query blocks (64 rows, every query head of the GQA group) that see them. The
 // producer warpgroup gives up its registers: one thread loads K and V once and Q and dO of each
-// step into a ring of stages by TMA, one warp copies the step's lse and delta rows, and two warps
-// add the consumers' dQ tiles to the fp32 accumulator. Each of the two consumer warpgroups owns
-// 64 of the keys, with keys as the rows of its products:
+// step into a ring of stages by TMA, one warp copies the step's lse and delta rows, and one
+// thread per consumer adds that consumer's dQ tiles to the fp32 accumulator by TMA reduce-add.
+// Each of the two consumer warpgroups owns 64 of the keys, with keys as the rows of its products:
 //   S^T = K Q^T, dP^T = V dO^T                     wgmma SS, K-major operands
 //   P^T = exp2(S^T - lse), dS^T = P^T (dP^T - delta) in the accumulator registers
 //   dV += P^T dO, dK += dS^T Q                      wgmma RS: P^T and dS^T straight from registers
 //   dQ += dS K                                      wgmma SS from dS^T in shared memory (M-major A)
-// and hands its dQ tile through shared memory to its producer warp, which adds it to dq_accum
-// with vector atomics. At d = 128 warpgroup w computes dQ columns [64 w, 64 w + 64) over all 128
-// keys; at d = 64 it computes every column over its own 64 keys. Deterministic mode: the grid
-// holds one block per dq_accum copy, each walking its key blocks in a fixed order, and at d = 64
-// consumer 1's tile is added after consumer 0's.
+// and stores its dQ tile in shared memory as two swizzled 32-column boxes, which its producer
+// thread adds to dq_accum (no atomics in the consumers). At d = 128 warpgroup w computes dQ
+// columns [64 w, 64 w + 64) over all 128 keys; at d = 64 it computes every column over its own 64
+// keys. Deterministic mode: the grid holds one block per dq_accum copy (two at d = 64, one per
+// consumer), each walking its key blocks in a fixed order, and a key block's adds start once the
+// previous block's have completed, so every address sees its adds in a fixed order.
 #pragma once
 
 #include <cuda.h>
@@ -36,6 +37,7 @@ namespace flashattn::cuda::sm90 {
 
 struct BackwardArgs {
   CUtensorMap q, k, v, dout;
+  CUtensorMap dq_accum;  // fp32, [copies * rows_q][heads_q][kD], boxes of 32 columns x kM rows
   KernelParams p;
 };
 
@@ -50,20 +52,21 @@ struct BackwardConfig {
   // dQ (64 x 64 fp32 per warpgroup): at d = 64 over the warpgroup's own keys, else over all keys
   // for the warpgroup's 64-column block of the head dim.
   static constexpr bool kDqOwnKeys = kD == 64;
+  static constexpr int kDqCopiesPerBlock = backward_dq_copies_per_block(kD);  // deterministic mode
   static constexpr int kColumnBlocks = kD / 64;  // 64-column TMA boxes of a row
   using QTile = SwizzledTile<kM, kD>;   // Q and dO of a step
   using KTile = SwizzledTile<kN, kD>;   // K and V
   using DsTile = SwizzledTile<kN, kM>;  // dS^T, [key][query]
+  using DqTile = SwizzledFloatTile<kM, 64>;  // a consumer's dQ: two boxes of dq_accum
   static constexpr int kVOffset = KTile::kBytes;
   static constexpr int kQOffset = 2 * KTile::kBytes;
   static constexpr int kDoOffset = kQOffset + kStages * QTile::kBytes;
   static constexpr int kDsOffset = kDoOffset + kStages * QTile::kBytes;
   static constexpr int kRowsOffset = kDsOffset + 2 * DsTile::kBytes;  // [stage][lse2, delta][kM] floats
-  static constexpr int kDqPitch = 72;  // floats per row of a dQ tile: conflict-free fragment stores
-  static constexpr int kDqTileBytes = kM * kDqPitch * 4;
-  static constexpr int kDqOffset = kRowsOffset + kStages * 2 * kM * 4;  // one fp32 dQ tile per consumer
-  static constexpr int kBarrierOffset = kDqOffset + 2 * kDqTileBytes;
-  static constexpr int kBarriers = 2 + 2 * kStages + 6;
+  static constexpr int kDqOffset = kRowsOffset + kStages * 2 * kM * 4;  // one dQ tile per consumer
+  static_assert(kDqOffset % 1024 == 0, "swizzled TMA boxes start on the 1024-byte swizzle period");
+  static constexpr int kBarrierOffset = kDqOffset + 2 * DqTile::kBytes;
+  static constexpr int kBarriers = 2 + 2 * kStages + 4;
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
   static_assert(kSmemBytes == backward_smem_bytes(kD), "the host reads the same size");
   // Register budgets after reallocation: setmaxnreg moves registers inside the block's launch
@@ -84,8 +87,6 @@ struct BackwardBarriers {
   __device__ uint32_t empty(int s) const { return base + 8 * (2 + kStages + s); }
   __device__ uint32_t dq_full(int wg) const { return base + 8 * (2 + 2 * kStages + wg); }  // consumer wg's tile
   __device__ uint32_t dq_empty(int wg) const { return base + 8 * (4 + 2 * kStages + wg); }
-  // Deterministic d = 64: dQ warp w's tile of a step added (the two warps take turns).
-  __device__ uint32_t dq_added(int wg) const { return base + 8 * (6 + 2 * kStages + wg); }
 };
 
 // The key blocks of this block: every gridDim.x-th one, alternating direction (c, 2G-1-c, 2G+c,
@@ -181,34 +182,35 @@ __device__ void produce_rows(const KernelParams& p, const Sequence& seq, int hk,
   });
 }
 
-// Warp 2 + wg of the producer: adds consumer wg's dQ tile of each step to dq_accum, 16-byte
-// atomics along the rows, then hands the tile back.
+// Lane 0 of warp 2 + wg of the producer: adds consumer wg's dQ tile of each step to dq_accum by
+// TMA reduce-add and hands the tile back once TMA has read it. Rows past the sequence carry
+// dS = 0, so their adds (into the next sequence's rows, or dropped past the tensor) add zeros.
 template <typename C>
-__device__ void add_dq_tiles(const KernelParams& p, const Sequence& seq, int hk, int n_blocks, uint32_t smem,
-                             const BackwardBarriers<C::kStages>& bars, int wg, float* dq_accum) {
-  const int lane = threadIdx.x % 32, col0 = C::kDqOwnKeys ? 0 : 64 * wg;
-  const bool ordered = C::kDqOwnKeys && p.deterministic;
-  const float* tile = reinterpret_cast<const float*>(__cvta_shared_to_generic(smem + C::kDqOffset + wg * C::kDqTileBytes));
+__device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, int hk, int n_blocks, uint32_t smem,
+                                const BackwardBarriers<C::kStages>& bars, int wg) {
+  const KernelParams& p = args.p;
+  tma_prefetch_map(args.dq_accum);
+  const uint32_t tile = smem + C::kDqOffset + wg * C::DqTile::kBytes;
+  const int col0 = C::kDqOwnKeys ? 0 : 64 * wg;
+  const int copy = p.deterministic ? int(blockIdx.x) * C::kDqCopiesPerBlock + (C::kDqOwnKeys ? wg : 0) : 0;
   int step_index = 0;
   for_each_key_block(n_blocks, [&](int n) {
     const KeyBlockWork w = KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n);
+    // Deterministic: this block adds to the same rows as the previous key block; let those adds
+    // complete first, so that the adds to an address happen in a fixed order.
+    if (p.deterministic) bulk_wait<0>();
     for (int s = 0; s < w.walk.steps(); ++s) {
-      const int h = w.walk.head(s), m0 = w.walk.m_block(s) * C::kM;
-      const uint32_t parity = uint32_t(step_index++) & 1u;
-      mbarrier_wait(bars.dq_full(wg), parity);
-      // Turns: warp 0 adds step i after warp 1 added step i - 1, warp 1 after warp 0 added step i.
-      if (ordered) mbarrier_wait(bars.dq_added(wg ^ 1), wg == 0 ? parity ^ 1u : parity);
-      const int rows = min(C::kM, seq.seqlen_q - m0);
-      float* first_row = dq_accum + ((seq.packed_q + m0) * p.heads_q + h) * C::kD + col0;
-      for (int c = lane; c < rows * 16; c += 32) {  // 16 float4 per row
-        const int r = c / 16, col = (c % 16) * 4;
-        atomicAdd(reinterpret_cast<float4*>(first_row + int64_t(r) * p.heads_q * C::kD + col),
-                  *reinterpret_cast<const float4*>(tile + r * C::kDqPitch + col));
-      }
-      if (ordered) mbarrier_arrive(bars.dq_added(wg));  // every lane: its atomics are issued
-      mbarrier_arrive(bars.dq_empty(wg));  // every lane: its reads of the tile are done
+      const int h = w.walk.head(s);
+      const int row = int(int64_t(copy) * p.rows_q + seq.packed_q) + w.walk.m_block(s) * C::kM;
+      mbarrier_wait(bars.dq_full(wg), uint32_t(step_index++) & 1u);
+      tma_reduce_add_3d(args.dq_accum, tile, col0, h, row);
+      tma_reduce_add_3d(args.dq_accum, tile + C::DqTile::kBlockBytes, col0 + 32, h, row);
+      bulk_commit();
+      bulk_wait_read<0>();
+      mbarrier_arrive(bars.dq_empty(wg));
     }
   });
+  bulk_wait<0>();  // the block's shared memory lives until its adds are done
 }
 
 // One consumer warpgroup: 64 keys, dK and dV in registers.
@@ -379,17 +381,19 @@ struct BackwardConsumer {
     hand_over_dq(dq, step_index);
   }
 
-  // The dQ tile to this warpgroup's shared buffer once its producer warp is done with the last.
+  // The dQ tile to this warpgroup's shared boxes once its producer thread's TMA has read the last.
   __device__ void hand_over_dq(const float (&dq)[8][4], int step_index) const {
     mbarrier_wait(bars.dq_empty(wg), (uint32_t(step_index) & 1u) ^ 1u);
     const int lane = threadIdx.x % 32, row = 16 * ((threadIdx.x % 128) / 32) + lane / 4;
-    float* tile = reinterpret_cast<float*>(__cvta_shared_to_generic(smem + C::kDqOffset + wg * C::kDqTileBytes));
+    const uint32_t tile = smem + C::kDqOffset + wg * C::DqTile::kBytes;
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int half = 0; half < 2; ++half)
-        *reinterpret_cast<float2*>(tile + (row + 8 * half) * C::kDqPitch + 8 * j + 2 * (lane % 4)) =
-            make_float2(dq[j][2 * half], dq[j][2 * half + 1]);
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(
+                         tile + C::DqTile::offset(row + 8 * half, 8 * j + 2 * (lane % 4))),
+                     "f"(dq[j][2 * half]), "f"(dq[j][2 * half + 1]));
+    fence_async_shared();  // the writes, before TMA reads them
     mbarrier_arrive(bars.dq_full(wg));  // every thread: its part of the tile is written
   }
 
@@ -449,8 +453,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD>::kThreads, 1)
     }
     for (int c = 0; c < 2; ++c) {
       mbarrier_init(bars.dq_full(c), 128);  // the consumer's threads
-      mbarrier_init(bars.dq_empty(c), 32);  // its dQ warp's lanes
-      mbarrier_init(bars.dq_added(c), 32);
+      mbarrier_init(bars.dq_empty(c), 1);   // its producer thread, once TMA has read the tile
     }
     mbarrier_init_fence();
   }
@@ -461,10 +464,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD>::kThreads, 1)
     registers_release<C::kProducerRegisters>();
     if (threadIdx.x == 0) produce_tiles<C>(args, seq, b, hk, n_blocks, smem, bars);
     if (warp == 1) produce_rows<C>(p, seq, hk, n_blocks, smem, bars);
-    if (warp >= 2) {
-      float* dq_accum = p.dq_accum + (p.dq_copies > 1 ? int64_t(blockIdx.x) * p.rows_q * p.heads_q * kD : 0);
-      add_dq_tiles<C>(p, seq, hk, n_blocks, smem, bars, warp - 2, dq_accum);
-    }
+    if (warp >= 2 && threadIdx.x % 32 == 0) reduce_dq_tiles<C>(args, seq, hk, n_blocks, smem, bars, warp - 2);
   } else {
     registers_claim<C::kConsumerRegisters>();
     BackwardConsumer<T, kD, kGeneral> consumer{p, seq, b, hk, smem, bars, wg - 1};

@@ -21,11 +21,14 @@ Status launch_backward_main(const KernelParams& p, cudaStream_t stream) {
   FA_TRY(make_operand_map(&args.dout, p.dout, p, Side::queries, kBf16, C::kM));
   FA_TRY(make_operand_map(&args.k, p.k, p, Side::keys, kBf16, C::kN));
   FA_TRY(make_operand_map(&args.v, p.v, p, Side::keys, kBf16, C::kN));
+  FA_TRY(make_accumulator_map(&args.dq_accum, p.dq_accum, int64_t(p.dq_copies) * p.rows_q, p.heads_q, kD, C::kM));
   const auto kernel = ScoreRule::is_general(p) ? backward_kernel<T, kD, true> : backward_kernel<T, kD, false>;
   FA_TRY(device_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes),
                        "cudaFuncSetAttribute(sm90 backward_kernel)"));
   const int n_blocks = (p.seqlen_k + C::kN - 1) / C::kN;
-  const dim3 grid(unsigned(p.deterministic ? p.dq_copies : n_blocks), unsigned(p.heads_kv), unsigned(p.batch));
+  // Deterministic: one block per C::kDqCopiesPerBlock copies (choose_backward() counts them so).
+  const int blocks = p.deterministic ? p.dq_copies / C::kDqCopiesPerBlock : n_blocks;
+  const dim3 grid(unsigned(blocks), unsigned(p.heads_kv), unsigned(p.batch));
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(args);
   return device_status(cudaGetLastError(), "sm90 backward_kernel launch");
 }

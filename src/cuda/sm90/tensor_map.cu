@@ -61,4 +61,21 @@ Status make_operand_map(CUtensorMap* map, const Operand& o, const KernelParams& 
                          box_rows);
 }
 
+Status make_accumulator_map(CUtensorMap* map, float* data, int64_t rows, int64_t heads, int64_t dim, int box_rows) {
+  const auto encode = encode_function();
+  if (!encode) return make_status(FLASHATTN_ERROR_DEVICE, "cuTensorMapEncodeTiled is not available from the driver");
+  const cuuint64_t dims[3] = {cuuint64_t(std::max<int64_t>(dim, 1)), cuuint64_t(std::max<int64_t>(heads, 1)),
+                              cuuint64_t(std::max<int64_t>(rows, 1))};
+  const cuuint64_t strides[2] = {cuuint64_t(dim * 4), cuuint64_t(heads * dim * 4)};
+  const cuuint32_t box[3] = {32, 1, cuuint32_t(box_rows)};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, data, dims, strides, box, element_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return make_status(FLASHATTN_ERROR_DEVICE, "cuTensorMapEncodeTiled failed (CUresult ", int(r), ") for a ", rows,
+                       " x ", heads, " x ", dim, " fp32 accumulator");
+  return Status::ok();
+}
+
 }  // namespace flashattn::cuda::sm90

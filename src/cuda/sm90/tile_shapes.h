@@ -42,14 +42,18 @@ struct BackwardShape {
 constexpr bool backward_supported(int head_dim) { return head_dim == 64 || head_dim == 128; }
 constexpr BackwardShape backward_shape(int /*head_dim*/) { return BackwardShape{64, 128, 2}; }
 
-// K, V, the Q and dO stages, two dS^T buffers, lse and delta rows per stage, an fp32 dQ tile
-// per consumer (rows padded to 72 floats), the mbarriers, and 1 KiB of slack for the alignment
-// of the tiles.
+// dq_accum copies a deterministic block writes: at d = 64 both consumer warpgroups compute every
+// dQ column (over their own keys), so each gets a copy of its own and no address sees their adds
+// race; at d = 128 they own disjoint columns.
+constexpr int backward_dq_copies_per_block(int head_dim) { return head_dim == 64 ? 2 : 1; }
+
+// K, V, the Q and dO stages, two dS^T buffers, lse and delta rows per stage, a 64 x 64 fp32 dQ
+// tile per consumer, the mbarriers, and 1 KiB of slack for the alignment of the tiles.
 constexpr int backward_smem_bytes(int head_dim) {
   const BackwardShape s = backward_shape(head_dim);
-  const int barriers = 2 + 2 * s.stages + 6;
+  const int barriers = 2 + 2 * s.stages + 4;
   return 2 * head_dim * (2 * s.block_n + 2 * s.stages * s.block_m) + 2 * 2 * s.block_n * s.block_m +
-         2 * 4 * s.block_m * s.stages + 2 * 4 * 72 * s.block_m + 8 * barriers + 1024;
+         2 * 4 * s.block_m * s.stages + 2 * 4 * 64 * s.block_m + 8 * barriers + 1024;
 }
 
 }  // namespace flashattn::cuda::sm90

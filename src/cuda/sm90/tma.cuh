@@ -1,5 +1,6 @@
 // Tensor memory access (TMA, sm_90): bulk tensor copies between global memory, described by a
-// CUtensorMap that lives in kernel parameter space, and shared memory.
+// CUtensorMap that lives in kernel parameter space, and shared memory: loads that complete on an
+// mbarrier, and reduce-adds into global memory that complete in per-thread bulk groups.
 #pragma once
 
 #include <cuda.h>
@@ -21,6 +22,43 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap& map
           dst),
       "l"(reinterpret_cast<uint64_t>(&map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
+}
+
+// fp32 tile of Rows x Cols in 32-column blocks (128 bytes a row) with the 128-byte swizzle: the
+// shared-memory image of Cols / 32 TMA boxes of 32 columns x Rows rows.
+template <int Rows, int Cols>
+struct SwizzledFloatTile {
+  static_assert(Cols % 32 == 0 && Rows % 8 == 0, "whole 32-column blocks of whole 8-row swizzle periods");
+  static constexpr int kBlockBytes = Rows * 128;  // one 32-column block: one TMA box
+  static constexpr int kBytes = kBlockBytes * (Cols / 32);
+  __host__ __device__ static constexpr uint32_t offset(int row, int col) {
+    return uint32_t((col / 32) * kBlockBytes + row * 128 + ((((col % 32) / 4) ^ (row % 8)) * 16) + (col % 4) * 4);
+  }
+};
+
+// Adds the box in shared `src` to global memory at element coordinates (c0, c1, c2), element by
+// element and atomically; parts of the box past an extent are dropped. Completes in this
+// thread's current bulk group (bulk_commit, bulk_wait_read / bulk_wait).
+__device__ __forceinline__ void tma_reduce_add_3d(const CUtensorMap& map, uint32_t src, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(&map)),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+// Closes this thread's current bulk group.
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Waits until at most kPending of this thread's bulk groups still read their shared sources
+// (the sources may then be overwritten).
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+// Waits until at most kPending of this thread's bulk groups are incomplete (their writes done).
+template <int kPending>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 }  // namespace flashattn::cuda::sm90
