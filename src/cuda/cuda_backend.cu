@@ -146,7 +146,7 @@ ForwardChoice choose_forward(const Params& p) {
   return c;
 }
 
-// dq_accum copies of a deterministic backward: one block per (copy, batch, kv head), at most one
+// dq_accum copies of a deterministic sm80 backward: one block per (copy, batch, kv head), at most one
 // wave of one block per multiprocessor; each copy takes every copies-th key block of block_n keys.
 int backward_dq_copies(const Params& p, int block_n) {
   if (!p.deterministic) return 1;
@@ -182,8 +182,8 @@ BackwardChoice choose_backward(const Params& p) {
     if (!v) return c;
     c = {v->backward, padded, backward_shape(padded).block_n, v->backward_smem, false};
   }
-  c.dq_copies = backward_dq_copies(p, c.block_n);
-  if (c.hopper && p.deterministic) c.dq_copies *= sm90::backward_dq_copies_per_block(c.padded);
+  // The sm90 kernel orders its deterministic adds by turns instead of copies.
+  c.dq_copies = c.hopper ? sm90::backward_dq_copies(c.padded, p.deterministic) : backward_dq_copies(p, c.block_n);
   return c;
 }
 
@@ -263,7 +263,7 @@ Status supports(const Params& p) {
 
 // Workspace layout: each part 256-byte aligned.
 struct Workspace {
-  size_t partial_out = 0, partial_lse = 0, delta = 0, lse_log2 = 0, dq_accum = 0, total = 0;
+  size_t partial_out = 0, partial_lse = 0, delta = 0, lse_log2 = 0, dq_accum = 0, dq_turns = 0, total = 0;
 
   static size_t align(size_t bytes) { return (bytes + 255) / 256 * 256; }
   static Workspace of(const Params& p, const Choice& choice) {
@@ -286,6 +286,8 @@ struct Workspace {
       w.delta = take(rows * sizeof(float));
       w.lse_log2 = take(rows * sizeof(float));
       w.dq_accum = take(size_t(backward.dq_copies) * rows * backward.padded * sizeof(float));
+      if (backward.hopper && p.deterministic)
+        w.dq_turns = take(size_t(sm90::backward_dq_turns(packed_rows_q(p), p.batch, p.heads_q)) * sizeof(int));
     }
     w.total = at;
     return w;
@@ -342,6 +344,7 @@ KernelParams kernel_params(const Params& p, const Choice& choice) {
     k.lse_log2 = reinterpret_cast<float*>(base + w.lse_log2);
     k.dq_accum = reinterpret_cast<float*>(base + w.dq_accum);
     k.dq_copies = choice.backward.dq_copies;
+    if (choice.backward.hopper && p.deterministic) k.dq_turns = reinterpret_cast<int*>(base + w.dq_turns);
     k.deterministic = p.deterministic ? 1 : 0;
   }
   return k;

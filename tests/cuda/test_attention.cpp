@@ -93,16 +93,26 @@ TEST_F(CudaAttentionRuns, ForwardWithoutKeySplitMatchesOracle) {
   }
 }
 
-// The deterministic backward gives the same bits twice, and a correct result: at both head-dim
-// layouts of the sm_90a backward (dQ split by columns at d = 128, by keys at d = 64) and with
-// enough batch x kv heads that every block must walk all key blocks into one dq_accum copy.
+// The deterministic backward gives the same bits run after run, and a correct result: at both
+// head-dim layouts of the sm_90a backward (dQ split by columns at d = 128, by keys at d = 64),
+// with many key blocks taking turns at each dQ tile (causal, a sliding window with seqlen_q !=
+// seqlen_k and GQA, varlen with empty sequences), and with batch x kv heads past the number of
+// multiprocessors (the sm80 kernel's blocks then walk every key block into one dq_accum copy).
 TEST_F(CudaAttentionRuns, DeterministicBackwardIsBitIdentical) {
-  struct Shape {
-    int batch, heads, heads_kv, seqlen, head_dim;
-  };
-  for (const Shape s : {Shape{1, 2, 1, 700, 128}, Shape{1, 2, 1, 700, 64}, Shape{2, 80, 80, 300, 64}}) {
-    Case c = dense_case(s.batch, s.heads, s.seqlen, s.head_dim, true);
-    c.heads_kv = s.heads_kv;
+  std::vector<Case> cases = {dense_case(1, 2, 700, 128, true), dense_case(1, 2, 700, 64, true),
+                             dense_case(2, 80, 300, 64, true)};
+  cases[0].heads_kv = cases[1].heads_kv = 1;
+  Case window = dense_case(1, 4, 1000, 128, false);
+  window.heads_kv = 2;
+  window.seqlen_k = 2100;
+  window.window_left = 300;
+  window.window_right = 40;
+  cases.push_back(window);
+  Case varlen = dense_case(1, 2, 1, 64, true);
+  varlen.seqlens_q = {0, 900, 130, 1500};
+  varlen.seqlens_k = {40, 1100, 130, 1500};
+  cases.push_back(varlen);
+  for (const Case& c : cases) {
     GpuCase g(c);
     g.set_deterministic(true);
     ASSERT_EQ(g.forward(), FLASHATTN_SUCCESS) << flashattn_last_error();

@@ -13,9 +13,9 @@
 // and stores its dQ tile in shared memory as two swizzled 32-column boxes, which its producer
 // thread adds to dq_accum (no atomics in the consumers). At d = 128 warpgroup w computes dQ
 // columns [64 w, 64 w + 64) over all 128 keys; at d = 64 it computes every column over its own 64
-// keys. Deterministic mode: the grid holds one block per dq_accum copy (two at d = 64, one per
-// consumer), each walking its key blocks in a fixed order, and a key block's adds start once the
-// previous block's have completed, so every address sees its adds in a fixed order.
+// keys. Deterministic mode: the adds to each dQ tile take turns in key-block order (an int per
+// tile in global memory), and at d = 64 each consumer adds to a dq_accum copy of its own, so
+// every address sees its adds in a fixed order.
 #pragma once
 
 #include <cuda.h>
@@ -52,7 +52,6 @@ struct BackwardConfig {
   // dQ (64 x 64 fp32 per warpgroup): at d = 64 over the warpgroup's own keys, else over all keys
   // for the warpgroup's 64-column block of the head dim.
   static constexpr bool kDqOwnKeys = kD == 64;
-  static constexpr int kDqCopiesPerBlock = backward_dq_copies_per_block(kD);  // deterministic mode
   static constexpr int kColumnBlocks = kD / 64;  // 64-column TMA boxes of a row
   using QTile = SwizzledTile<kM, kD>;   // Q and dO of a step
   using KTile = SwizzledTile<kN, kD>;   // K and V
@@ -66,7 +65,7 @@ struct BackwardConfig {
   static constexpr int kDqOffset = kRowsOffset + kStages * 2 * kM * 4;  // one dQ tile per consumer
   static_assert(kDqOffset % 1024 == 0, "swizzled TMA boxes start on the 1024-byte swizzle period");
   static constexpr int kBarrierOffset = kDqOffset + 2 * DqTile::kBytes;
-  static constexpr int kBarriers = 2 + 2 * kStages + 4;
+  static constexpr int kBarriers = 1 + 2 * kStages + 4;
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
   static_assert(kSmemBytes == backward_smem_bytes(kD), "the host reads the same size");
   // Register budgets after reallocation: setmaxnreg moves registers inside the block's launch
@@ -81,25 +80,12 @@ constexpr int kDsBarrier = 1, kDsOwnBarrier = 2;
 template <int kStages>
 struct BackwardBarriers {
   uint32_t base;
-  __device__ uint32_t kv_full() const { return base; }
-  __device__ uint32_t kv_empty() const { return base + 8; }
-  __device__ uint32_t full(int s) const { return base + 8 * (2 + s); }  // Q, dO (TMA) and rows (a warp)
-  __device__ uint32_t empty(int s) const { return base + 8 * (2 + kStages + s); }
-  __device__ uint32_t dq_full(int wg) const { return base + 8 * (2 + 2 * kStages + wg); }  // consumer wg's tile
-  __device__ uint32_t dq_empty(int wg) const { return base + 8 * (4 + 2 * kStages + wg); }
+  __device__ uint32_t kv_full() const { return base; }  // K and V, loaded once
+  __device__ uint32_t full(int s) const { return base + 8 * (1 + s); }  // Q, dO (TMA) and rows (a warp)
+  __device__ uint32_t empty(int s) const { return base + 8 * (1 + kStages + s); }
+  __device__ uint32_t dq_full(int wg) const { return base + 8 * (1 + 2 * kStages + wg); }  // consumer wg's tile
+  __device__ uint32_t dq_empty(int wg) const { return base + 8 * (3 + 2 * kStages + wg); }
 };
-
-// The key blocks of this block: every gridDim.x-th one, alternating direction (c, 2G-1-c, 2G+c,
-// ...) so that under a causal mask the blocks of a deterministic grid (one per dq_accum copy)
-// share the work evenly. A default grid has a block per key block: each gets blockIdx.x alone.
-template <typename F>
-__device__ __forceinline__ void for_each_key_block(int n_blocks, F&& f) {
-  const int copies = gridDim.x, copy = blockIdx.x;
-  for (int base = 0; base < n_blocks; base += copies) {
-    const int n = (base / copies) % 2 == 0 ? base + copy : base + copies - 1 - copy;
-    if (n < n_blocks) f(n);
-  }
-}
 
 // What a block does for key block n: which keys, and which (head, query block) steps see them.
 struct KeyBlockWork {
@@ -119,97 +105,110 @@ struct KeyBlockWork {
   }
 };
 
-// Thread 0 of the producer: K and V of each key block, Q and dO of each step.
+// Thread 0 of the producer: K and V of the key block, Q and dO of each step.
 template <typename C>
-__device__ void produce_tiles(const BackwardArgs& args, const Sequence& seq, int b, int hk, int n_blocks, uint32_t smem,
-                              const BackwardBarriers<C::kStages>& bars) {
+__device__ void produce_tiles(const BackwardArgs& args, const Sequence& seq, int b, int hk, const KeyBlockWork& w,
+                              uint32_t smem, const BackwardBarriers<C::kStages>& bars) {
   const KernelParams& p = args.p;
+  if (w.walk.steps() == 0) return;
   tma_prefetch_map(args.q);
   tma_prefetch_map(args.k);
   tma_prefetch_map(args.v);
   tma_prefetch_map(args.dout);
   const int batch = p.cu_seqlens_q != nullptr ? 0 : b;  // varlen maps are one batch of packed rows
-  int kv_round = 0, step_index = 0;
-  for_each_key_block(n_blocks, [&](int n) {
-    const KeyBlockWork w = KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n);
-    if (w.walk.steps() == 0) return;
-    mbarrier_wait(bars.kv_empty(), (uint32_t(kv_round++) & 1u) ^ 1u);
-    mbarrier_arrive_expect_tx(bars.kv_full(), 2 * C::KTile::kBytes);
-    const int key_row = int(seq.k_start + w.j0);
+  mbarrier_arrive_expect_tx(bars.kv_full(), 2 * C::KTile::kBytes);
+  const int key_row = int(seq.k_start + w.j0);
+#pragma unroll
+  for (int cb = 0; cb < C::kColumnBlocks; ++cb) {
+    tma_load_4d(smem + cb * C::KTile::kBlockBytes, args.k, bars.kv_full(), cb * 64, key_row, hk, batch);
+    tma_load_4d(smem + C::kVOffset + cb * C::KTile::kBlockBytes, args.v, bars.kv_full(), cb * 64, key_row, hk, batch);
+  }
+  for (int s = 0; s < w.walk.steps(); ++s) {
+    const RingSlot<C::kStages> slot = RingSlot<C::kStages>::of(s);
+    const int h = w.walk.head(s), row = int(seq.q_start) + w.walk.m_block(s) * C::kM;
+    mbarrier_wait(bars.empty(slot.stage), slot.parity ^ 1u);
+    mbarrier_arrive_expect_tx(bars.full(slot.stage), 2 * C::QTile::kBytes);
+    const uint32_t q_tile = smem + C::kQOffset + slot.stage * C::QTile::kBytes;
+    const uint32_t do_tile = smem + C::kDoOffset + slot.stage * C::QTile::kBytes;
 #pragma unroll
     for (int cb = 0; cb < C::kColumnBlocks; ++cb) {
-      tma_load_4d(smem + cb * C::KTile::kBlockBytes, args.k, bars.kv_full(), cb * 64, key_row, hk, batch);
-      tma_load_4d(smem + C::kVOffset + cb * C::KTile::kBlockBytes, args.v, bars.kv_full(), cb * 64, key_row, hk, batch);
+      tma_load_4d(q_tile + cb * C::QTile::kBlockBytes, args.q, bars.full(slot.stage), cb * 64, row, h, batch);
+      tma_load_4d(do_tile + cb * C::QTile::kBlockBytes, args.dout, bars.full(slot.stage), cb * 64, row, h, batch);
     }
-    for (int s = 0; s < w.walk.steps(); ++s) {
-      const RingSlot<C::kStages> slot = RingSlot<C::kStages>::of(step_index++);
-      const int h = w.walk.head(s), row = int(seq.q_start) + w.walk.m_block(s) * C::kM;
-      mbarrier_wait(bars.empty(slot.stage), slot.parity ^ 1u);
-      mbarrier_arrive_expect_tx(bars.full(slot.stage), 2 * C::QTile::kBytes);
-      const uint32_t q_tile = smem + C::kQOffset + slot.stage * C::QTile::kBytes;
-      const uint32_t do_tile = smem + C::kDoOffset + slot.stage * C::QTile::kBytes;
-#pragma unroll
-      for (int cb = 0; cb < C::kColumnBlocks; ++cb) {
-        tma_load_4d(q_tile + cb * C::QTile::kBlockBytes, args.q, bars.full(slot.stage), cb * 64, row, h, batch);
-        tma_load_4d(do_tile + cb * C::QTile::kBlockBytes, args.dout, bars.full(slot.stage), cb * 64, row, h, batch);
-      }
-    }
-  });
+  }
 }
 
 // Warp 1 of the producer: lse (log2 units) and delta of each step's query rows, +inf and 0 past
 // the sequence so that those rows get P = dS = 0. Every lane arrives on the stage's barrier.
 template <typename C>
-__device__ void produce_rows(const KernelParams& p, const Sequence& seq, int hk, int n_blocks, uint32_t smem,
+__device__ void produce_rows(const KernelParams& p, const Sequence& seq, const KeyBlockWork& w, uint32_t smem,
                              const BackwardBarriers<C::kStages>& bars) {
   const int lane = threadIdx.x % 32;
-  int step_index = 0;
-  for_each_key_block(n_blocks, [&](int n) {
-    const KeyBlockWork w = KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n);
-    for (int s = 0; s < w.walk.steps(); ++s) {
-      const RingSlot<C::kStages> slot = RingSlot<C::kStages>::of(step_index++);
-      const int h = w.walk.head(s), m0 = w.walk.m_block(s) * C::kM;
-      mbarrier_wait(bars.empty(slot.stage), slot.parity ^ 1u);
-      float* rows = reinterpret_cast<float*>(__cvta_shared_to_generic(smem + C::kRowsOffset)) + slot.stage * 2 * C::kM;
-      for (int r = lane; r < C::kM; r += 32) {
-        const bool valid = m0 + r < seq.seqlen_q;
-        const int64_t at = int64_t(h) * p.rows_q + seq.packed_q + m0 + r;
-        rows[r] = valid ? p.lse_log2[at] : INFINITY;
-        rows[C::kM + r] = valid ? p.delta[at] : 0.f;
-      }
-      mbarrier_arrive(bars.full(slot.stage));
+  for (int s = 0; s < w.walk.steps(); ++s) {
+    const RingSlot<C::kStages> slot = RingSlot<C::kStages>::of(s);
+    const int h = w.walk.head(s), m0 = w.walk.m_block(s) * C::kM;
+    mbarrier_wait(bars.empty(slot.stage), slot.parity ^ 1u);
+    float* rows = reinterpret_cast<float*>(__cvta_shared_to_generic(smem + C::kRowsOffset)) + slot.stage * 2 * C::kM;
+    for (int r = lane; r < C::kM; r += 32) {
+      const bool valid = m0 + r < seq.seqlen_q;
+      const int64_t at = int64_t(h) * p.rows_q + seq.packed_q + m0 + r;
+      rows[r] = valid ? p.lse_log2[at] : INFINITY;
+      rows[C::kM + r] = valid ? p.delta[at] : 0.f;
     }
-  });
+    mbarrier_arrive(bars.full(slot.stage));
+  }
+}
+
+// Deterministic mode: the adds to a dQ tile happen in key-block order. turn points at the tile's
+// int (zeroed before the launch), which holds the next key block allowed to add; the first key
+// block that sees the tile adds without waiting.
+__device__ __forceinline__ void wait_for_turn(const int* turn, int n) {
+  int now;
+  for (;;) {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(now) : "l"(turn) : "memory");
+    if (now >= n) return;
+    __nanosleep(64);
+  }
+}
+__device__ __forceinline__ void pass_turn(int* turn, int next) {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");  // the TMA adds, before the release
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(turn), "r"(next) : "memory");
 }
 
 // Lane 0 of warp 2 + wg of the producer: adds consumer wg's dQ tile of each step to dq_accum by
 // TMA reduce-add and hands the tile back once TMA has read it. Rows past the sequence carry
 // dS = 0, so their adds (into the next sequence's rows, or dropped past the tensor) add zeros.
+// Deterministic mode waits for the tile's turn and lets its adds complete before passing it on.
 template <typename C>
-__device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, int hk, int n_blocks, uint32_t smem,
-                                const BackwardBarriers<C::kStages>& bars, int wg) {
+__device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, int b, int hk, int n,
+                                const KeyBlockWork& w, uint32_t smem, const BackwardBarriers<C::kStages>& bars, int wg) {
   const KernelParams& p = args.p;
+  if (w.walk.steps() == 0) return;
   tma_prefetch_map(args.dq_accum);
   const uint32_t tile = smem + C::kDqOffset + wg * C::DqTile::kBytes;
   const int col0 = C::kDqOwnKeys ? 0 : 64 * wg;
-  const int copy = p.deterministic ? int(blockIdx.x) * C::kDqCopiesPerBlock + (C::kDqOwnKeys ? wg : 0) : 0;
-  int step_index = 0;
-  for_each_key_block(n_blocks, [&](int n) {
-    const KeyBlockWork w = KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n);
-    // Deterministic: this block adds to the same rows as the previous key block; let those adds
-    // complete first, so that the adds to an address happen in a fixed order.
-    if (p.deterministic) bulk_wait<0>();
-    for (int s = 0; s < w.walk.steps(); ++s) {
-      const int h = w.walk.head(s);
-      const int row = int(int64_t(copy) * p.rows_q + seq.packed_q) + w.walk.m_block(s) * C::kM;
-      mbarrier_wait(bars.dq_full(wg), uint32_t(step_index++) & 1u);
-      tma_reduce_add_3d(args.dq_accum, tile, col0, h, row);
-      tma_reduce_add_3d(args.dq_accum, tile + C::DqTile::kBlockBytes, col0 + 32, h, row);
-      bulk_commit();
+  const int64_t copy_rows = p.deterministic && C::kDqOwnKeys ? wg * p.rows_q : 0;  // d = 64: a copy per consumer
+  const int64_t turn_stride = backward_dq_turn_stride(p.rows_q, p.batch);
+  // The query tiles that key block n - 1 sees: the key blocks that see a tile are contiguous, so
+  // these are the tiles for which n is not the first.
+  const backward_detail::Walk before = n > 0 ? KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n - 1).walk : w.walk;
+  for (int s = 0; s < w.walk.steps(); ++s) {
+    const int h = w.walk.head(s), m = w.walk.m_block(s);
+    const int row = int(copy_rows + seq.packed_q) + m * C::kM;
+    int* turn = p.dq_turns + 2 * (h * turn_stride + seq.packed_q / C::kM + b + m) + wg;
+    mbarrier_wait(bars.dq_full(wg), uint32_t(s) & 1u);
+    if (p.deterministic && n > 0 && m >= before.m_begin && m < before.m_end) wait_for_turn(turn, n);
+    tma_reduce_add_3d(args.dq_accum, tile, col0, h, row);
+    tma_reduce_add_3d(args.dq_accum, tile + C::DqTile::kBlockBytes, col0 + 32, h, row);
+    bulk_commit();
+    if (p.deterministic) {
+      bulk_wait<0>();
+      pass_turn(turn, n + 1);
+    } else {
       bulk_wait_read<0>();
-      mbarrier_arrive(bars.dq_empty(wg));
     }
-  });
+    mbarrier_arrive(bars.dq_empty(wg));
+  }
   bulk_wait<0>();  // the block's shared memory lives until its adds are done
 }
 
@@ -236,27 +235,17 @@ struct BackwardConsumer {
   __device__ const float* rows(int stage) const {
     return reinterpret_cast<const float*>(__cvta_shared_to_generic(smem + C::kRowsOffset)) + stage * 2 * kM;
   }
-  // One arrival per warp, once every lane is done with what the barrier guards.
-  __device__ static void release(uint32_t bar) {
-    __syncwarp();
-    if (threadIdx.x % 32 == 0) mbarrier_arrive(bar);
-  }
 
-  __device__ void run(int n_blocks) {
-    int kv_round = 0, step_index = 0;
-    for_each_key_block(n_blocks, [&](int n) {
-      const KeyBlockWork w = KeyBlockWork::of<kM, kN>(p, seq, hk, n);
+  __device__ void run(const KeyBlockWork& w) {
 #pragma unroll
-      for (int dt = 0; dt < kD / 8; ++dt)
+    for (int dt = 0; dt < kD / 8; ++dt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
-      if (w.walk.steps() > 0) {
-        mbarrier_wait(bars.kv_full(), uint32_t(kv_round++) & 1u);
-        for (int s = 0; s < w.walk.steps(); ++s) step(w, s, step_index++);
-        release(bars.kv_empty());
-      }
-      store_dk_dv(w);
-    });
+      for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
+    if (w.walk.steps() > 0) {
+      mbarrier_wait(bars.kv_full(), 0);
+      for (int s = 0; s < w.walk.steps(); ++s) step(w, s);
+    }
+    store_dk_dv(w);
   }
 
   // Window::visible in 32-bit arithmetic, without branches.
@@ -309,9 +298,9 @@ struct BackwardConsumer {
       }
   }
 
-  __device__ void step(const KeyBlockWork& w, int s, int step_index) {
+  __device__ void step(const KeyBlockWork& w, int s) {
     const int h = w.walk.head(s), m0 = w.walk.m_block(s) * kM;
-    const RingSlot<C::kStages> slot = RingSlot<C::kStages>::of(step_index);
+    const RingSlot<C::kStages> slot = RingSlot<C::kStages>::of(s);
     using QTile = typename C::QTile;
     using KTile = typename C::KTile;
     using DsTile = typename C::DsTile;
@@ -356,7 +345,7 @@ struct BackwardConsumer {
     wgmma_commit();
 
     // dS^T to shared memory for dQ = dS K (A read M-major, i.e. as the transpose of dS^T).
-    const int buffer = step_index % 2;
+    const int buffer = s % 2;
     store_ds(da, ds_tile(buffer));
     fence_async_shared();
     if (C::kDqOwnKeys)
@@ -378,12 +367,12 @@ struct BackwardConsumer {
     fence_registers(flat<kD>(dk));
     fence_registers(flat<64>(dq));
     mbarrier_arrive(bars.empty(slot.stage));
-    hand_over_dq(dq, step_index);
+    hand_over_dq(dq, s);
   }
 
   // The dQ tile to this warpgroup's shared boxes once its producer thread's TMA has read the last.
-  __device__ void hand_over_dq(const float (&dq)[8][4], int step_index) const {
-    mbarrier_wait(bars.dq_empty(wg), (uint32_t(step_index) & 1u) ^ 1u);
+  __device__ void hand_over_dq(const float (&dq)[8][4], int s) const {
+    mbarrier_wait(bars.dq_empty(wg), (uint32_t(s) & 1u) ^ 1u);
     const int lane = threadIdx.x % 32, row = 16 * ((threadIdx.x % 128) / 32) + lane / 4;
     const uint32_t tile = smem + C::kDqOffset + wg * C::DqTile::kBytes;
 #pragma unroll
@@ -441,12 +430,13 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD>::kThreads, 1)
   const uint32_t smem = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
   const int hk = blockIdx.y, b = blockIdx.z;
   const Sequence seq = Sequence::of(p, b);
-  const int n_blocks = (seq.seqlen_k + C::kN - 1) / C::kN;
+  const int n = blockIdx.x;  // the key block; the grid has one per key block of the longest sequence
+  if (n * C::kN >= seq.seqlen_k) return;
+  const KeyBlockWork w = KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n);
 
   const BackwardBarriers<C::kStages> bars{smem + C::kBarrierOffset};
   if (threadIdx.x == 0) {
     mbarrier_init(bars.kv_full(), 1);
-    mbarrier_init(bars.kv_empty(), 8);  // one arrival per consumer warp
     for (int s = 0; s < C::kStages; ++s) {
       mbarrier_init(bars.full(s), 1 + 32);  // the TMA thread's expect-tx and the row warp's lanes
       mbarrier_init(bars.empty(s), 256);  // every consumer thread: it also reads the stage's rows
@@ -462,13 +452,13 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD>::kThreads, 1)
   const int wg = int(threadIdx.x) / 128, warp = int(threadIdx.x) / 32;
   if (wg == 0) {
     registers_release<C::kProducerRegisters>();
-    if (threadIdx.x == 0) produce_tiles<C>(args, seq, b, hk, n_blocks, smem, bars);
-    if (warp == 1) produce_rows<C>(p, seq, hk, n_blocks, smem, bars);
-    if (warp >= 2 && threadIdx.x % 32 == 0) reduce_dq_tiles<C>(args, seq, hk, n_blocks, smem, bars, warp - 2);
+    if (threadIdx.x == 0) produce_tiles<C>(args, seq, b, hk, w, smem, bars);
+    if (warp == 1) produce_rows<C>(p, seq, w, smem, bars);
+    if (warp >= 2 && threadIdx.x % 32 == 0) reduce_dq_tiles<C>(args, seq, b, hk, n, w, smem, bars, warp - 2);
   } else {
     registers_claim<C::kConsumerRegisters>();
     BackwardConsumer<T, kD, kGeneral> consumer{p, seq, b, hk, smem, bars, wg - 1};
-    consumer.run(n_blocks);
+    consumer.run(w);
   }
 }
 

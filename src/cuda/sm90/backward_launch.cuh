@@ -26,9 +26,7 @@ Status launch_backward_main(const KernelParams& p, cudaStream_t stream) {
   FA_TRY(device_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes),
                        "cudaFuncSetAttribute(sm90 backward_kernel)"));
   const int n_blocks = (p.seqlen_k + C::kN - 1) / C::kN;
-  // Deterministic: one block per C::kDqCopiesPerBlock copies (choose_backward() counts them so).
-  const int blocks = p.deterministic ? p.dq_copies / C::kDqCopiesPerBlock : n_blocks;
-  const dim3 grid(unsigned(blocks), unsigned(p.heads_kv), unsigned(p.batch));
+  const dim3 grid(unsigned(n_blocks), unsigned(p.heads_kv), unsigned(p.batch));
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(args);
   return device_status(cudaGetLastError(), "sm90 backward_kernel launch");
 }
@@ -36,6 +34,10 @@ Status launch_backward_main(const KernelParams& p, cudaStream_t stream) {
 template <typename T, int kD>
 Status launch_backward(const KernelParams& p, cudaStream_t stream) {
   FA_TRY(launch_backward_prepare<T>(p, kD, stream));
+  if (p.deterministic) {
+    const size_t bytes = size_t(backward_dq_turns(p.rows_q, p.batch, p.heads_q)) * sizeof(int);
+    FA_TRY(device_status(cudaMemsetAsync(p.dq_turns, 0, bytes, stream), "cudaMemsetAsync(dq_turns)"));
+  }
   if (p.seqlen_k > 0) FA_TRY((launch_backward_main<T, kD>(p, stream)));
   return launch_backward_finish<T>(p, kD, stream);
 }

@@ -2,6 +2,8 @@
 // host (split decision, shared-memory size).
 #pragma once
 
+#include <cstdint>
+
 namespace flashattn::cuda::sm90 {
 
 struct ForwardShape {
@@ -42,16 +44,24 @@ struct BackwardShape {
 constexpr bool backward_supported(int head_dim) { return head_dim == 64 || head_dim == 128; }
 constexpr BackwardShape backward_shape(int /*head_dim*/) { return BackwardShape{64, 128, 2}; }
 
-// dq_accum copies a deterministic block writes: at d = 64 both consumer warpgroups compute every
-// dQ column (over their own keys), so each gets a copy of its own and no address sees their adds
-// race; at d = 128 they own disjoint columns.
-constexpr int backward_dq_copies_per_block(int head_dim) { return head_dim == 64 ? 2 : 1; }
+// dq_accum copies of a deterministic backward: at d = 64 both consumer warpgroups compute every
+// dQ column (over their own keys), so each adds to a copy of its own; at d = 128 they own
+// disjoint columns of one copy.
+constexpr int backward_dq_copies(int head_dim, bool deterministic) { return deterministic && head_dim == 64 ? 2 : 1; }
+
+// Deterministic mode orders the adds to each dQ tile by key block through one int per (query
+// tile, consumer): query tile m of sequence b and head h is (h * stride + packed_q(b) / 64 + b + m)
+// with stride = rows_q / 64 + batch + 1, which no two tiles share.
+constexpr int64_t backward_dq_turn_stride(int64_t rows_q, int64_t batch) { return rows_q / 64 + batch + 1; }
+constexpr int64_t backward_dq_turns(int64_t rows_q, int64_t batch, int64_t heads_q) {
+  return 2 * heads_q * backward_dq_turn_stride(rows_q, batch);
+}
 
 // K, V, the Q and dO stages, two dS^T buffers, lse and delta rows per stage, a 64 x 64 fp32 dQ
 // tile per consumer, the mbarriers, and 1 KiB of slack for the alignment of the tiles.
 constexpr int backward_smem_bytes(int head_dim) {
   const BackwardShape s = backward_shape(head_dim);
-  const int barriers = 2 + 2 * s.stages + 4;
+  const int barriers = 1 + 2 * s.stages + 4;
   return 2 * head_dim * (2 * s.block_n + 2 * s.stages * s.block_m) + 2 * 2 * s.block_n * s.block_m +
          2 * 4 * s.block_m * s.stages + 2 * 4 * 64 * s.block_m + 8 * barriers + 1024;
 }
