@@ -27,7 +27,6 @@
 #include "cuda/common/numeric.cuh"
 #include "cuda/kernel_params.h"
 #include "cuda/sm80/attention_common.cuh"
-#include "cuda/sm80/backward_kernel.cuh"
 #include "cuda/sm90/barrier.cuh"
 #include "cuda/sm90/tile_shapes.h"
 #include "cuda/sm90/tma.cuh"
@@ -88,10 +87,13 @@ struct BackwardBarriers {
 };
 
 // What a block does for key block n: which keys, and which (head, query block) steps see them.
+// The steps walk each head of the GQA group from its last query block that sees the keys down to
+// its first: under a causal mask every key block then starts at the same (last) query block, so
+// in deterministic mode the key blocks reach a dQ tile in the order in which they take turns.
 struct KeyBlockWork {
   int64_t j0;
   int keys_valid;
-  backward_detail::Walk walk;
+  int head_first, heads, m_begin, m_end;  // query blocks [m_begin, m_end) of heads [head_first, +heads)
 
   template <int kM, int kN>
   __device__ static KeyBlockWork of(const KernelParams& p, const Sequence& seq, int hk, int n) {
@@ -100,9 +102,17 @@ struct KeyBlockWork {
     w.keys_valid = int(min(int64_t(kN), int64_t(seq.seqlen_k) - w.j0));
     const semantics::Window window{p.window_left, p.window_right, seq.seqlen_q, seq.seqlen_k};
     const int64_t first_q = window.first_query(w.j0), last_q = window.last_query(w.j0 + w.keys_valid - 1);
-    w.walk = {hk * p.group, p.group, int(first_q / kM), first_q <= last_q ? int(last_q / kM) + 1 : int(first_q / kM)};
+    w.head_first = hk * p.group;
+    w.heads = p.group;
+    w.m_begin = int(first_q / kM);
+    w.m_end = first_q <= last_q ? int(last_q / kM) + 1 : w.m_begin;
     return w;
   }
+  __device__ int blocks() const { return max(0, m_end - m_begin); }
+  __device__ int steps() const { return heads * blocks(); }
+  __device__ int head(int step) const { return head_first + step / max(1, blocks()); }
+  __device__ int m_block(int step) const { return m_end - 1 - step % max(1, blocks()); }
+  __device__ bool sees(int m) const { return m >= m_begin && m < m_end; }
 };
 
 // Thread 0 of the producer: K and V of the key block, Q and dO of each step.
@@ -110,7 +120,7 @@ template <typename C>
 __device__ void produce_tiles(const BackwardArgs& args, const Sequence& seq, int b, int hk, const KeyBlockWork& w,
                               uint32_t smem, const BackwardBarriers<C::kStages>& bars) {
   const KernelParams& p = args.p;
-  if (w.walk.steps() == 0) return;
+  if (w.steps() == 0) return;
   tma_prefetch_map(args.q);
   tma_prefetch_map(args.k);
   tma_prefetch_map(args.v);
@@ -123,9 +133,9 @@ __device__ void produce_tiles(const BackwardArgs& args, const Sequence& seq, int
     tma_load_4d(smem + cb * C::KTile::kBlockBytes, args.k, bars.kv_full(), cb * 64, key_row, hk, batch);
     tma_load_4d(smem + C::kVOffset + cb * C::KTile::kBlockBytes, args.v, bars.kv_full(), cb * 64, key_row, hk, batch);
   }
-  for (int s = 0; s < w.walk.steps(); ++s) {
+  for (int s = 0; s < w.steps(); ++s) {
     const RingSlot<C::kStages> slot = RingSlot<C::kStages>::of(s);
-    const int h = w.walk.head(s), row = int(seq.q_start) + w.walk.m_block(s) * C::kM;
+    const int h = w.head(s), row = int(seq.q_start) + w.m_block(s) * C::kM;
     mbarrier_wait(bars.empty(slot.stage), slot.parity ^ 1u);
     mbarrier_arrive_expect_tx(bars.full(slot.stage), 2 * C::QTile::kBytes);
     const uint32_t q_tile = smem + C::kQOffset + slot.stage * C::QTile::kBytes;
@@ -144,9 +154,9 @@ template <typename C>
 __device__ void produce_rows(const KernelParams& p, const Sequence& seq, const KeyBlockWork& w, uint32_t smem,
                              const BackwardBarriers<C::kStages>& bars) {
   const int lane = threadIdx.x % 32;
-  for (int s = 0; s < w.walk.steps(); ++s) {
+  for (int s = 0; s < w.steps(); ++s) {
     const RingSlot<C::kStages> slot = RingSlot<C::kStages>::of(s);
-    const int h = w.walk.head(s), m0 = w.walk.m_block(s) * C::kM;
+    const int h = w.head(s), m0 = w.m_block(s) * C::kM;
     mbarrier_wait(bars.empty(slot.stage), slot.parity ^ 1u);
     float* rows = reinterpret_cast<float*>(__cvta_shared_to_generic(smem + C::kRowsOffset)) + slot.stage * 2 * C::kM;
     for (int r = lane; r < C::kM; r += 32) {
@@ -183,7 +193,7 @@ template <typename C>
 __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, int b, int hk, int n,
                                 const KeyBlockWork& w, uint32_t smem, const BackwardBarriers<C::kStages>& bars, int wg) {
   const KernelParams& p = args.p;
-  if (w.walk.steps() == 0) return;
+  if (w.steps() == 0) return;
   tma_prefetch_map(args.dq_accum);
   const uint32_t tile = smem + C::kDqOffset + wg * C::DqTile::kBytes;
   const int col0 = C::kDqOwnKeys ? 0 : 64 * wg;
@@ -191,13 +201,13 @@ __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, i
   const int64_t turn_stride = backward_dq_turn_stride(p.rows_q, p.batch);
   // The query tiles that key block n - 1 sees: the key blocks that see a tile are contiguous, so
   // these are the tiles for which n is not the first.
-  const backward_detail::Walk before = n > 0 ? KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n - 1).walk : w.walk;
-  for (int s = 0; s < w.walk.steps(); ++s) {
-    const int h = w.walk.head(s), m = w.walk.m_block(s);
+  const KeyBlockWork before = n > 0 ? KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n - 1) : KeyBlockWork{};
+  for (int s = 0; s < w.steps(); ++s) {
+    const int h = w.head(s), m = w.m_block(s);
     const int row = int(copy_rows + seq.packed_q) + m * C::kM;
     int* turn = p.dq_turns + 2 * (h * turn_stride + seq.packed_q / C::kM + b + m) + wg;
     mbarrier_wait(bars.dq_full(wg), uint32_t(s) & 1u);
-    if (p.deterministic && n > 0 && m >= before.m_begin && m < before.m_end) wait_for_turn(turn, n);
+    if (p.deterministic && n > 0 && before.sees(m)) wait_for_turn(turn, n);
     tma_reduce_add_3d(args.dq_accum, tile, col0, h, row);
     tma_reduce_add_3d(args.dq_accum, tile + C::DqTile::kBlockBytes, col0 + 32, h, row);
     bulk_commit();
@@ -241,9 +251,9 @@ struct BackwardConsumer {
     for (int dt = 0; dt < kD / 8; ++dt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
-    if (w.walk.steps() > 0) {
+    if (w.steps() > 0) {
       mbarrier_wait(bars.kv_full(), 0);
-      for (int s = 0; s < w.walk.steps(); ++s) step(w, s);
+      for (int s = 0; s < w.steps(); ++s) step(w, s);
     }
     store_dk_dv(w);
   }
@@ -299,7 +309,7 @@ struct BackwardConsumer {
   }
 
   __device__ void step(const KeyBlockWork& w, int s) {
-    const int h = w.walk.head(s), m0 = w.walk.m_block(s) * kM;
+    const int h = w.head(s), m0 = w.m_block(s) * kM;
     const RingSlot<C::kStages> slot = RingSlot<C::kStages>::of(s);
     using QTile = typename C::QTile;
     using KTile = typename C::KTile;
