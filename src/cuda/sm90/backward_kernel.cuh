@@ -60,10 +60,10 @@ struct BackwardConfig {
   static constexpr int kQOffset = 2 * KTile::kBytes;
   static constexpr int kDoOffset = kQOffset + kStages * QTile::kBytes;
   static constexpr int kDsOffset = kDoOffset + kStages * QTile::kBytes;
-  static constexpr int kRowsOffset = kDsOffset + 2 * DsTile::kBytes;  // [stage][lse2, delta][kM] floats
-  static constexpr int kDqOffset = kRowsOffset + kStages * 2 * kM * 4;  // one dQ tile per consumer
+  static constexpr int kDqOffset = kDsOffset + 2 * DsTile::kBytes;  // one dQ tile per consumer
   static_assert(kDqOffset % 1024 == 0, "swizzled TMA boxes start on the 1024-byte swizzle period");
-  static constexpr int kBarrierOffset = kDqOffset + 2 * DqTile::kBytes;
+  static constexpr int kRowsOffset = kDqOffset + 2 * DqTile::kBytes;  // [stage][lse2, delta][kM] floats
+  static constexpr int kBarrierOffset = kRowsOffset + kStages * 2 * kM * 4;
   static constexpr int kBarriers = 1 + 2 * kStages + 4;
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
   static_assert(kSmemBytes == backward_smem_bytes(kD), "the host reads the same size");

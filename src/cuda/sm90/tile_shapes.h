@@ -57,8 +57,8 @@ constexpr int64_t backward_dq_turns(int64_t rows_q, int64_t batch, int64_t heads
   return 2 * heads_q * backward_dq_turn_stride(rows_q, batch);
 }
 
-// K, V, the Q and dO stages, two dS^T buffers, lse and delta rows per stage, a 64 x 64 fp32 dQ
-// tile per consumer, the mbarriers, and 1 KiB of slack for the alignment of the tiles.
+// K, V, the Q and dO stages, two dS^T buffers, a 64 x 64 fp32 dQ tile per consumer, lse and delta
+// rows per stage, the mbarriers, and 1 KiB of slack for the alignment of the tiles.
 constexpr int backward_smem_bytes(int head_dim) {
   const BackwardShape s = backward_shape(head_dim);
   const int barriers = 1 + 2 * s.stages + 4;
