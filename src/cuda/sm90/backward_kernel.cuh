@@ -68,9 +68,8 @@ struct BackwardConfig {
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
   static_assert(kSmemBytes == backward_smem_bytes(kD), "the host reads the same size");
   // Register budgets after reallocation: setmaxnreg moves registers inside the block's launch
-  // allocation (168 per thread at 384 threads), so the budgets must fit in it. 40 keep the
-  // producer's loops (TMA, rows, dQ adds) free of spills; 232 are enough for the consumers.
-  static constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
+  // allocation (168 per thread at 384 threads), so the budgets must fit in it.
+  static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
   static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 384 * 168, "over the block's registers");
 };
 
