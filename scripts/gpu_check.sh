@@ -42,13 +42,15 @@ step cuda_tests cuda_tests.log "$build/tests/cuda/flashattn_cuda_tests"
 step cuda_sm80 cuda_sm80.log env FLASHATTN_CUDA_KERNELS=sm80 "$build/tests/cuda/flashattn_cuda_tests" \
   --gtest_brief=1 --gtest_filter='*MatchesOracle*:CudaAttentionRuns.*'
 
-# The sm_90a kernels: tensor-core and TMA instructions in their SASS, ptxas's spill report.
+# The sm_90a kernels: tensor-core and TMA instructions (loads; the backward's dQ reduce-adds, and
+# no atomics) in their SASS, ptxas's spill report.
 sm90_objects=$(find "$build/src/cuda" -name 'sm90_*ward_*.o' 2>/dev/null | sort)
 if [ -n "$sm90_objects" ] && command -v cuobjdump >/dev/null; then
   for o in $sm90_objects; do
     sass=$(cuobjdump --dump-sass "$o")
-    printf '%s: HGMMA %s, UTMALDG %s, HMMA %s\n' "$(basename "$o")" "$(grep -c HGMMA <<<"$sass")" \
-      "$(grep -c UTMALDG <<<"$sass")" "$(grep -c ' HMMA' <<<"$sass")"
+    printf '%s: HGMMA %s, UTMALDG %s, UTMAREDG %s, RED/ATOM %s, HMMA %s\n' "$(basename "$o")" \
+      "$(grep -c HGMMA <<<"$sass")" "$(grep -c UTMALDG <<<"$sass")" "$(grep -c UTMAREDG <<<"$sass")" \
+      "$(grep -cE ' (RED|ATOM)' <<<"$sass")" "$(grep -c ' HMMA' <<<"$sass")"
   done >"$out/sm90_evidence.txt"
   grep -A3 "Compiling entry function '_ZN9flashattn4cuda4sm90" "$out/build.log" | grep -E "spill|Used" | sort | uniq -c \
     >>"$out/sm90_evidence.txt"
