@@ -1,0 +1,98 @@
+"""Benchmarks several builds of flashattn in one run on one GPU, side by side.
+
+    python bench/compare_builds.py OUT SOURCE [SOURCE ...] [--head-dims 64,128] [--full]
+
+Each SOURCE is a source tree (a folder with CMakeLists.txt) or a git ref of this repository,
+exported with `git archive`. Every one is built into OUT/<name>/build (the head dims measured;
+CUDA architectures from FLASHATTN_CUDA_ARCHS, default 90) and measured with bench/bench_cuda.py (--quick unless --full);
+the tables land in OUT/<name>/bench.md and a side-by-side table of the forward, backward and
+deterministic backward of every build, with cuDNN's from the first build's run, is printed at the
+end. Kernel variants are compared within one run of one machine, as the figures of
+docs/performance.md are.
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(cmd, log):
+    with open(log, "a") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode == 0
+
+
+def source_tree(source, out):
+    """The folder of SOURCE's sources: SOURCE itself, or the ref exported into OUT/<name>/src."""
+    if os.path.isfile(os.path.join(source, "CMakeLists.txt")):
+        return os.path.basename(os.path.normpath(source)), os.path.abspath(source)
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", source)
+    dest = os.path.join(out, name, "src")
+    os.makedirs(dest, exist_ok=True)
+    archive = subprocess.run(["git", "-C", ROOT, "archive", source], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
+    return name, dest
+
+
+def build(src, build_dir, head_dims, log):
+    archs = os.environ.get("FLASHATTN_CUDA_ARCHS", "90")
+    configure = ["cmake", "-S", src, "-B", build_dir, "-G", "Ninja", "-DFLASHATTN_CUDA=ON",
+                 f"-DFLASHATTN_CUDA_ARCHS={archs}", f"-DFLASHATTN_HEAD_DIMS={head_dims.replace(',', ';')}",
+                 "-DFLASHATTN_BUILD_TESTS=OFF", "-DFLASHATTN_BUILD_CLI=OFF", "-DFLASHATTN_BUILD_PYTHON=OFF"]
+    return run(configure, log) and run(["cmake", "--build", build_dir, "--target", "flashattn"], log)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out")
+    ap.add_argument("sources", nargs="+")
+    ap.add_argument("--head-dims", default="64,128")
+    ap.add_argument("--full", action="store_true", help="every N of bench_cuda.py, not --quick")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+
+    results = []  # (name, {(d, n, causal): row})
+    for source in args.sources:
+        name, src = source_tree(source, args.out)
+        folder = os.path.join(args.out, name)
+        os.makedirs(folder, exist_ok=True)
+        log = os.path.join(folder, "log.txt")
+        library = os.path.join(folder, "build", "libflashattn.so")
+        if not build(src, os.path.join(folder, "build"), args.head_dims, log):
+            print(f"{name}: build failed, see {log}", file=sys.stderr)
+            continue
+        jsonl = os.path.join(folder, "bench.jsonl")
+        bench = [sys.executable, os.path.join(ROOT, "bench", "bench_cuda.py"), "--library", library,
+                 "--head-dims", args.head_dims, "--markdown", os.path.join(folder, "bench.md"), "--jsonl", jsonl]
+        if not args.full:
+            bench.append("--quick")
+        if not run(bench, log):
+            print(f"{name}: benchmark failed, see {log}", file=sys.stderr)
+            continue
+        rows = [json.loads(line) for line in open(jsonl)]
+        results.append((name, {(r["d"], r["n"], r["causal"]): r for r in rows}))
+        print(f"{name}: measured", file=sys.stderr)
+
+    if not results:
+        sys.exit(1)
+    num = lambda x: f"{x:.0f}" if x == x else "-"
+    head = "| d | N | causal | cuDNN fwd | cuDNN bwd | " + " | ".join(
+        f"{name} fwd | {name} bwd | {name} det" for name, _ in results) + " |"
+    print(head)
+    print("|" + "---|" * (5 + 3 * len(results)))
+    for key, first in results[0][1].items():
+        d, n, causal = key
+        cells = [str(d), str(n), "yes" if causal else "no", num(first["cudnn_fwd"]), num(first["cudnn_bwd"])]
+        for _, rows in results:
+            r = rows.get(key)
+            cells += [num(r["ours_fwd"]), num(r["ours_bwd"]), num(r["ours_bwd_det"])] if r else ["-"] * 3
+        print("| " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
