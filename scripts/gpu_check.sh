@@ -9,7 +9,7 @@
 #
 # Logs land in OUTPUT_DIR: build.log, cpu_tests.log, cuda_tests.log, cuda_sm80.log,
 # memcheck.log, racecheck.log, synccheck.log, python_build.log, python_tests.log,
-# sm90_evidence.txt, bench.md (and bench.jsonl);
+# sm90_evidence.txt, bench.md (and bench.jsonl, bench-forward.svg, bench-backward.svg);
 # the last lines printed are a summary. --quick benchmarks a subset of the shapes, --no-bench
 # none. GoogleTest comes from third_party/googletest when the machine has no package (copy
 # /usr/src/googletest there).
@@ -60,6 +60,7 @@ fi
 if [ "$quick" != "--no-bench" ]; then
   step bench bench.log env PYTHONUNBUFFERED=1 python3 "$root/bench/bench_cuda.py" --library "$build/libflashattn.so" \
     --markdown "$out/bench.md" --jsonl "$out/bench.jsonl" $quick
+  step plots plots.log python3 "$root/bench/plot_bench.py" "$out/bench.jsonl" "$out/bench"
 fi
 
 # Sanitizers on a subset: primitives, one case per feature family, both passes, split and not.
