@@ -8,7 +8,7 @@
 #   scripts/gpu_check.sh OUTPUT_DIR [--quick | --no-bench]
 #
 # Logs land in OUTPUT_DIR: build.log, cpu_tests.log, cuda_tests.log, cuda_sm80.log,
-# memcheck.log, racecheck.log, synccheck.log, python_build.log, python_tests.log,
+# memcheck.log, racecheck.log, synccheck.log, python.log,
 # sm90_evidence.txt, bench.md (and bench.jsonl, bench-forward.svg, bench-backward.svg);
 # the last lines printed are a summary. --quick benchmarks a subset of the shapes, --no-bench
 # none. GoogleTest comes from third_party/googletest when the machine has no package (copy
@@ -77,20 +77,11 @@ else
 fi
 step cpu_tests cpu_tests.log "$build/tests/flashattn_tests"
 
-# The Python package on this GPU: built with the CUDA backend into a folder of its own, then its
-# test suite. Its build requirements come from PyPI, or on a machine without a network from
-# wheels put in third_party/wheels beforehand (pip download -d third_party/wheels
-# scikit-build-core nanobind).
+# The Python package on this GPU, built with the CUDA backend, and its test suite (offline
+# machines: put the build requirements in third_party/wheels first, pip download -d
+# third_party/wheels scikit-build-core nanobind).
 if python3 -c "import numpy, pytest" 2>/dev/null; then
-  py=$build/python
-  rm -rf "$py"
-  offline=""
-  [ -d "$root/third_party/wheels" ] && offline="--no-index --find-links $root/third_party/wheels"
-  step python_build python_build.log sh -c "python3 -m pip install -q --target '$py/deps' $offline \
-      scikit-build-core nanobind && PYTHONPATH='$py/deps' python3 -m pip install -q --no-build-isolation --no-deps \
-      $offline --target '$py/site' -C cmake.define.FLASHATTN_CUDA=ON -C cmake.define.FLASHATTN_CUDA_ARCHS=$arch \
-      -C build-dir='$py/build' '$root'"
-  step python_tests python_tests.log env PYTHONPATH="$py/site" python3 -m pytest -q "$root/python/tests"
+  step python python.log "$root/scripts/python_suite.sh" "$build/python" ON "$arch"
 else
   summary+=("python: numpy or pytest not found, suite skipped")
 fi

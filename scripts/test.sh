@@ -22,8 +22,5 @@ if [ -f pyproject.toml ]; then
   # GPU can run it.
   cuda=OFF
   nvidia-smi >/dev/null 2>&1 && cuda=AUTO
-  python3 -m venv --system-site-packages build/test/venv
-  build/test/venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation \
-    -C cmake.define.FLASHATTN_CUDA=$cuda -C build-dir=build/test/python .
-  build/test/venv/bin/python -m pytest -q python/tests
+  scripts/python_suite.sh build/test/python "$cuda"
 fi
