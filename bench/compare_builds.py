@@ -1,16 +1,19 @@
 """Benchmarks several builds of flashattn in one run on one GPU, side by side.
 
-    python bench/compare_builds.py OUT SOURCE [SOURCE ...] [--head-dims 64,128] [--full]
+    python bench/compare_builds.py OUT SOURCE [SOURCE ...] [--head-dims 64,128] [--full] [--tests]
 
 Each SOURCE is a source tree (a folder with CMakeLists.txt) or a git ref of this repository,
-exported with `git archive`. Every one is built into OUT/<name>/build (the head dims measured;
-CUDA architectures from FLASHATTN_CUDA_ARCHS, default 90) and measured with bench/bench_cuda.py (--quick unless --full);
+exported with `git archive`. All are built at once into OUT/<name>/build (the head dims measured;
+CUDA architectures from FLASHATTN_CUDA_ARCHS, default 90; with --tests the CUDA test binary too,
+OUT/<name>/build/tests/cuda/flashattn_cuda_tests), then measured one after the other with
+bench/bench_cuda.py (--quick unless --full);
 the tables land in OUT/<name>/bench.md and a side-by-side table of the forward, backward and
 deterministic backward of every build, with cuDNN's from the first build's run, is printed at the
 end. Kernel variants are compared within one run of one machine, as the figures of
 docs/performance.md are.
 """
 import argparse
+import concurrent.futures
 import json
 import os
 import re
@@ -39,12 +42,14 @@ def source_tree(source, out):
     return name, dest
 
 
-def build(src, build_dir, head_dims, log):
+def build(src, build_dir, head_dims, tests, jobs, log):
     archs = os.environ.get("FLASHATTN_CUDA_ARCHS", "90")
     configure = ["cmake", "-S", src, "-B", build_dir, "-G", "Ninja", "-DFLASHATTN_CUDA=ON",
                  f"-DFLASHATTN_CUDA_ARCHS={archs}", f"-DFLASHATTN_HEAD_DIMS={head_dims.replace(',', ';')}",
-                 "-DFLASHATTN_BUILD_TESTS=OFF", "-DFLASHATTN_BUILD_CLI=OFF", "-DFLASHATTN_BUILD_PYTHON=OFF"]
-    return run(configure, log) and run(["cmake", "--build", build_dir, "--target", "flashattn"], log)
+                 f"-DFLASHATTN_BUILD_TESTS={'ON' if tests else 'OFF'}", "-DFLASHATTN_BUILD_CLI=OFF",
+                 "-DFLASHATTN_BUILD_PYTHON=OFF"]
+    targets = ["flashattn"] + (["flashattn_cuda_tests"] if tests else [])
+    return run(configure, log) and run(["cmake", "--build", build_dir, "-j", str(jobs), "--target", *targets], log)
 
 
 def main():
@@ -53,17 +58,29 @@ def main():
     ap.add_argument("sources", nargs="+")
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--full", action="store_true", help="every N of bench_cuda.py, not --quick")
+    ap.add_argument("--tests", action="store_true", help="build each source's CUDA test binary too")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
-    results = []  # (name, {(d, n, causal): row})
-    for source in args.sources:
-        name, src = source_tree(source, args.out)
+    trees = [source_tree(source, args.out) for source in args.sources]
+    jobs = max(2, (os.cpu_count() or 2) // len(trees))
+
+    def build_tree(tree):
+        name, src = tree
         folder = os.path.join(args.out, name)
         os.makedirs(folder, exist_ok=True)
+        return build(src, os.path.join(folder, "build"), args.head_dims, args.tests, jobs,
+                     os.path.join(folder, "log.txt"))
+
+    with concurrent.futures.ThreadPoolExecutor(len(trees)) as pool:
+        built = list(pool.map(build_tree, trees))
+
+    results = []  # (name, {(d, n, causal): row})
+    for (name, src), ok in zip(trees, built):
+        folder = os.path.join(args.out, name)
         log = os.path.join(folder, "log.txt")
         library = os.path.join(folder, "build", "libflashattn.so")
-        if not build(src, os.path.join(folder, "build"), args.head_dims, log):
+        if not ok:
             print(f"{name}: build failed, see {log}", file=sys.stderr)
             continue
         jsonl = os.path.join(folder, "bench.jsonl")
