@@ -97,17 +97,23 @@ def main():
 
     if not results:
         sys.exit(1)
-    num = lambda x: f"{x:.0f}" if x == x else "-"
-    head = "| d | N | causal | cuDNN fwd | cuDNN bwd | " + " | ".join(
-        f"{name} fwd | {name} bwd | {name} det" for name, _ in results) + " |"
+    num = lambda x: f"{x:.0f}" if x is not None and x == x else "-"
+    # The kernels the library picks (ours), and the mma.sync ones where the machine has sm_90a ones.
+    columns = ["ours_fwd", "ours_bwd", "ours_bwd_det"]
+    if any(r.get("sm80_fwd") == r.get("sm80_fwd") and r.get("sm80_fwd") is not None
+           for _, rows in results for r in rows.values()):
+        columns += ["sm80_fwd", "sm80_bwd"]
+    head = "| d | N | causal | cuDNN fwd | cuDNN bwd | FLASH fwd | FLASH bwd | " + " | ".join(
+        f"{name} {c.replace('ours_', '').replace('_', ' ')}" for name, _ in results for c in columns) + " |"
     print(head)
-    print("|" + "---|" * (5 + 3 * len(results)))
+    print("|" + "---|" * (7 + len(columns) * len(results)))
     for key, first in results[0][1].items():
         d, n, causal = key
-        cells = [str(d), str(n), "yes" if causal else "no", num(first["cudnn_fwd"]), num(first["cudnn_bwd"])]
+        cells = [str(d), str(n), "yes" if causal else "no"] + [
+            num(first[c]) for c in ("cudnn_fwd", "cudnn_bwd", "flash_fwd", "flash_bwd")]
         for _, rows in results:
             r = rows.get(key)
-            cells += [num(r["ours_fwd"]), num(r["ours_bwd"]), num(r["ours_bwd_det"])] if r else ["-"] * 3
+            cells += [num(r.get(c)) for c in columns] if r else ["-"] * len(columns)
         print("| " + " | ".join(cells) + " |")
 
 
