@@ -183,7 +183,7 @@ BackwardChoice choose_backward(const Params& p) {
     c = {v->backward, padded, backward_shape(padded).block_n, v->backward_smem, false};
   }
   // The sm90 kernel orders its deterministic adds by turns instead of copies.
-  c.dq_copies = c.hopper ? sm90::backward_dq_copies(c.padded, p.deterministic) : backward_dq_copies(p, c.block_n);
+  c.dq_copies = c.hopper ? 1 : backward_dq_copies(p, c.block_n);
   return c;
 }
 

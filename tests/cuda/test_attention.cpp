@@ -94,7 +94,7 @@ TEST_F(CudaAttentionRuns, ForwardWithoutKeySplitMatchesOracle) {
 }
 
 // The deterministic backward gives the same bits run after run, and a correct result: at both
-// head-dim layouts of the sm_90a backward (dQ split by columns at d = 128, by keys at d = 64),
+// head dims of the sm_90a backward (each consumer's dQ columns: 32 at d = 64, 64 at d = 128),
 // with many key blocks taking turns at each dQ tile (causal, a sliding window with seqlen_q !=
 // seqlen_k and GQA, varlen with empty sequences), and with batch x kv heads past the number of
 // multiprocessors (the sm80 kernel's blocks then walk every key block into one dq_accum copy).

@@ -135,11 +135,11 @@ __global__ void wgmma_rs_product(const uint16_t* p, const uint16_t* v, float* c)
     for (int e = 0; e < 4; ++e) c[(r0 + 8 * (e / 2)) * N + 8 * j + 2 * q + e % 2] = d[j][e];
 }
 
-// C[64][64] = A B[:, 64 b .. 64 b + 63] with A M-major (stored transposed, At[K][64]) and B
+// C[64][N] = A B[:, c0 .. c0 + N - 1] with A M-major (stored transposed, At[K][64]) and B
 // N-major, both in swizzled tiles: the backward's dQ = dS K, dS kept as dS^T [key][query] and
-// one 64-column block of K.
-template <int K, int kBCols>
-__global__ void wgmma_ss_transposed_product(const uint16_t* at_values, const uint16_t* b, int b_block, float* c) {
+// one consumer's columns of K (a 64-column block, or half of one).
+template <int K, int kBCols, int N>
+__global__ void wgmma_ss_transposed_product(const uint16_t* at_values, const uint16_t* b, int c0, float* c) {
   using ATile = SwizzledTile<K, 64>;
   using BTile = SwizzledTile<K, kBCols>;
   extern __shared__ unsigned char smem[];
@@ -150,18 +150,18 @@ __global__ void wgmma_ss_transposed_product(const uint16_t* at_values, const uin
     *reinterpret_cast<uint16_t*>(generic(bt + BTile::offset(i / kBCols, i % kBCols))) = b[i];
   fence_async_shared();
   __syncthreads();
-  float d[8][4];
+  float d[N / 8][4];
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < K / 16; ++kk)
-    WgmmaOp<bf16, 64>::template ss<1, 1>(flat<64>(d), n_major_descriptor<ATile>(at, kk),
-                                         n_major_descriptor<BTile>(bt + b_block * BTile::kBlockBytes, kk), kk > 0);
+    WgmmaOp<bf16, N>::template ss<1, 1>(flat<N>(d), n_major_descriptor<ATile>(at, kk),
+                                        n_major_descriptor<BTile>(bt, kk, c0), kk > 0);
   wgmma_commit();
   wgmma_wait<0>();
-  fence_registers(flat<64>(d));
+  fence_registers(flat<N>(d));
   const int t = threadIdx.x, row = 16 * (t / 32) + (t % 32) / 4;
-  for (int j = 0; j < 8; ++j)
-    for (int e = 0; e < 4; ++e) c[(row + 8 * (e / 2)) * 64 + 8 * j + 2 * (t % 4) + e % 2] = d[j][e];
+  for (int j = 0; j < N / 8; ++j)
+    for (int e = 0; e < 4; ++e) c[(row + 8 * (e / 2)) * N + 8 * j + 2 * (t % 4) + e % 2] = d[j][e];
 }
 
 // Warp specialisation: warpgroup 0 gives registers back, warpgroups 1 and 2 claim more; 1 hands
@@ -335,20 +335,20 @@ void check_rs() {
   EXPECT_LT(worst, 1e-3) << "N=" << N << " K=" << K;
 }
 
-template <int K, int kBCols>
-void check_ss_transposed(int b_block) {
+template <int K, int kBCols, int N>
+void check_ss_transposed(int c0) {
   const Bf16Matrix at = random_bf16(K * 64, 5), b = random_bf16(K * kBCols, 6);
   DeviceBuffer<uint16_t> dat(at.bits), db(b.bits);
   std::vector<float> c;
   const int smem = SwizzledTile<K, 64>::kBytes + SwizzledTile<K, kBCols>::kBytes + 1024;
   ASSERT_NO_FATAL_FAILURE(
-      run_product(wgmma_ss_transposed_product<K, kBCols>, smem, 64, &c, dat.get(), db.get(), b_block));
-  const double worst = worst_error(c, 64, [&](int i, int j) {
+      run_product(wgmma_ss_transposed_product<K, kBCols, N>, smem, N, &c, dat.get(), db.get(), c0));
+  const double worst = worst_error(c, N, [&](int i, int j) {
     double ref = 0;
-    for (int k = 0; k < K; ++k) ref += double(at.values[k * 64 + i]) * b.values[k * kBCols + 64 * b_block + j];
+    for (int k = 0; k < K; ++k) ref += double(at.values[k * 64 + i]) * b.values[k * kBCols + c0 + j];
     return ref;
   });
-  EXPECT_LT(worst, 1e-3) << "K=" << K << " B block " << b_block;
+  EXPECT_LT(worst, 1e-3) << "K=" << K << " N=" << N << " B columns from " << c0;
 }
 
 TEST_F(Sm90Primitives, WgmmaSharedKMajorOperands) {
@@ -364,8 +364,9 @@ TEST_F(Sm90Primitives, WgmmaRegisterAWithNMajorB) {
 }
 
 TEST_F(Sm90Primitives, WgmmaSharedMMajorAWithNMajorB) {
-  check_ss_transposed<128, 128>(1);  // dQ of one warpgroup at d = 128: all keys, second column block
-  check_ss_transposed<64, 64>(0);
+  check_ss_transposed<128, 128, 64>(64);  // dQ of one warpgroup at d = 128: all keys, second column block
+  check_ss_transposed<128, 64, 32>(32);   // at d = 64: all keys, second half of the column block
+  check_ss_transposed<64, 64, 64>(0);
 }
 
 }  // namespace

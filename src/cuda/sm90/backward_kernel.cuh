@@ -10,12 +10,11 @@
 //   P^T = exp2(S^T - lse), dS^T = P^T (dP^T - delta) in the accumulator registers
 //   dV += P^T dO, dK += dS^T Q                      wgmma RS: P^T and dS^T straight from registers
 //   dQ += dS K                                      wgmma SS from dS^T in shared memory (M-major A)
-// and stores its dQ tile in shared memory as two swizzled 32-column boxes, which its producer
-// thread adds to dq_accum (no atomics in the consumers). At d = 128 warpgroup w computes dQ
-// columns [64 w, 64 w + 64) over all 128 keys; at d = 64 it computes every column over its own 64
-// keys. Deterministic mode: the adds to each dQ tile take turns in key-block order (an int per
-// tile in global memory), and at d = 64 each consumer adds to a dq_accum copy of its own, so
-// every address sees its adds in a fixed order.
+// and stores its dQ tile in shared memory as swizzled 32-column boxes, which its producer thread
+// adds to dq_accum (no atomics in the consumers). Warpgroup w computes dQ columns [w d/2, (w + 1)
+// d/2) over all 128 keys, so the two consumers' tiles never overlap. Deterministic mode: the adds
+// to each dQ tile take turns in key-block order (an int per tile and consumer in global memory),
+// so every address sees its adds in a fixed order.
 #pragma once
 
 #include <cuda.h>
@@ -48,14 +47,12 @@ struct BackwardConfig {
   static constexpr int kM = kShape.block_m, kN = kShape.block_n, kStages = kShape.stages;
   static constexpr int kThreads = 384;  // producer + two consumer warpgroups of 64 keys
   static_assert(kN == 128 && kM == 64, "two consumer warpgroups of 64 keys, 64-row dQ tiles");
-  // dQ (64 x 64 fp32 per warpgroup): at d = 64 over the warpgroup's own keys, else over all keys
-  // for the warpgroup's 64-column block of the head dim.
-  static constexpr bool kDqOwnKeys = kD == 64;
+  static constexpr int kDqCols = kD / 2;  // dQ columns of a consumer, over all keys
   static constexpr int kColumnBlocks = kD / 64;  // 64-column TMA boxes of a row
   using QTile = SwizzledTile<kM, kD>;   // Q and dO of a step
   using KTile = SwizzledTile<kN, kD>;   // K and V
   using DsTile = SwizzledTile<kN, kM>;  // dS^T, [key][query]
-  using DqTile = SwizzledFloatTile<kM, 64>;  // a consumer's dQ: two boxes of dq_accum
+  using DqTile = SwizzledFloatTile<kM, kDqCols>;  // a consumer's dQ: boxes of 32 columns of dq_accum
   static constexpr int kVOffset = KTile::kBytes;
   static constexpr int kQOffset = 2 * KTile::kBytes;
   static constexpr int kDoOffset = kQOffset + kStages * QTile::kBytes;
@@ -73,8 +70,9 @@ struct BackwardConfig {
   static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 384 * 168, "over the block's registers");
 };
 
-// Named barriers: dS^T of both warpgroups written (d = 128), of one warpgroup (d = 64, 2 + w).
-constexpr int kDsBarrier = 1, kDsOwnBarrier = 2;
+// Named barriers 1 + 2 b + w: consumer w's dS^T of a step in buffer b is written (w arrives, the
+// other consumer waits for it a step later).
+constexpr int kDsWrittenBarrier = 1;
 
 template <int kStages>
 struct BackwardBarriers {
@@ -196,20 +194,20 @@ __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, i
   if (w.steps() == 0) return;
   tma_prefetch_map(args.dq_accum);
   const uint32_t tile = smem + C::kDqOffset + wg * C::DqTile::kBytes;
-  const int col0 = C::kDqOwnKeys ? 0 : 64 * wg;
-  const int64_t copy_rows = p.deterministic && C::kDqOwnKeys ? wg * p.rows_q : 0;  // d = 64: a copy per consumer
+  const int col0 = wg * C::kDqCols;
   const int64_t turn_stride = backward_dq_turn_stride(p.rows_q, p.batch);
   // The query tiles that key block n - 1 sees: the key blocks that see a tile are contiguous, so
   // these are the tiles for which n is not the first.
   const KeyBlockWork before = n > 0 ? KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n - 1) : KeyBlockWork{};
   for (int s = 0; s < w.steps(); ++s) {
     const int h = w.head(s), m = w.m_block(s);
-    const int row = int(copy_rows + seq.packed_q) + m * C::kM;
+    const int row = int(seq.packed_q) + m * C::kM;
     int* turn = p.dq_turns + 2 * (h * turn_stride + seq.packed_q / C::kM + b + m) + wg;
     mbarrier_wait(bars.dq_full(wg), uint32_t(s) & 1u);
     if (p.deterministic && n > 0 && before.sees(m)) wait_for_turn(turn, n);
-    tma_reduce_add_3d(args.dq_accum, tile, col0, h, row);
-    tma_reduce_add_3d(args.dq_accum, tile + C::DqTile::kBlockBytes, col0 + 32, h, row);
+#pragma unroll
+    for (int box = 0; box < C::kDqCols / 32; ++box)
+      tma_reduce_add_3d(args.dq_accum, tile + box * C::DqTile::kBlockBytes, col0 + 32 * box, h, row);
     bulk_commit();
     if (p.deterministic) {
       bulk_wait<0>();
@@ -254,6 +252,7 @@ struct BackwardConsumer {
     if (w.steps() > 0) {
       mbarrier_wait(bars.kv_full(), 0);
       for (int s = 0; s < w.steps(); ++s) step(w, s);
+      last_dq(w.steps() - 1);
     }
     store_dk_dv(w);
   }
@@ -354,39 +353,64 @@ struct BackwardConsumer {
       WgmmaOp<T, kD>::template rs<1>(flat<kD>(dk), da[kk], n_major_descriptor<QTile>(q_tile(slot.stage), kk), 1);
     wgmma_commit();
 
-    // dS^T to shared memory for dQ = dS K (A read M-major, i.e. as the transpose of dS^T).
-    const int buffer = s % 2;
-    store_ds(da, ds_tile(buffer));
+    // dQ = dS K needs both consumers' dS^T (A read M-major, i.e. as the transpose of dS^T): dQ of
+    // step s - 1 runs here, once the other consumer has written its part (a step ago, so the two
+    // need not run in step), and dS^T of step s is written after it, when the other consumer's dQ
+    // of step s - 2 (the buffer's last reader) is done: it finished that before it announced its
+    // dS^T of step s - 1.
+    if (s > 0) {
+      float dq[C::kDqCols / 8][4];
+      issue_dq(dq, s - 1);
+      finish_step(slot.stage);
+      fence_registers(flat<C::kDqCols>(dq));
+      hand_over_dq(dq, s - 1);
+    } else {
+      finish_step(slot.stage);
+    }
+    store_ds(da, ds_tile(s % 2));
     fence_async_shared();
-    if (C::kDqOwnKeys)
-      named_barrier_sync(kDsOwnBarrier + wg, 128);
-    else
-      named_barrier_sync(kDsBarrier, 256);
-    constexpr int kDqKeySteps = C::kDqOwnKeys ? 4 : kN / 16;
-    const int kk0 = C::kDqOwnKeys ? 4 * wg : 0;
-    const uint32_t k_cols = k_tile() + (C::kDqOwnKeys ? 0 : wg * KTile::kBlockBytes);
-    float dq[8][4];
+    named_barrier_arrive(kDsWrittenBarrier + 2 * (s % 2) + wg, 256);
+  }
+
+  // dQ columns [wg d/2, (wg + 1) d/2) of step s over all keys, once the other consumer's dS^T of
+  // step s is written.
+  __device__ void issue_dq(float (&dq)[C::kDqCols / 8][4], int s) const {
+    using DsTile = typename C::DsTile;
+    using KTile = typename C::KTile;
+    constexpr int kDqCols = C::kDqCols;
+    named_barrier_sync(kDsWrittenBarrier + 2 * (s % 2) + (1 - wg), 256);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kDqKeySteps; ++kk)
-      WgmmaOp<T, 64>::template ss<1, 1>(flat<64>(dq), n_major_descriptor<DsTile>(ds_tile(buffer), kk0 + kk),
-                                        n_major_descriptor<KTile>(k_cols, kk0 + kk), kk > 0);
+    for (int kk = 0; kk < kN / 16; ++kk)
+      WgmmaOp<T, kDqCols>::template ss<1, 1>(flat<kDqCols>(dq), n_major_descriptor<DsTile>(ds_tile(s % 2), kk),
+                                             n_major_descriptor<KTile>(k_tile(), kk, wg * kDqCols), kk > 0);
     wgmma_commit();
+  }
+
+  // Waits for dV and dK (done with the stage's Q and dO; and for dQ) and hands the stage back.
+  __device__ void finish_step(int stage) {
     wgmma_wait<0>();
     fence_registers(flat<kD>(dv));
     fence_registers(flat<kD>(dk));
-    fence_registers(flat<64>(dq));
-    mbarrier_arrive(bars.empty(slot.stage));
+    mbarrier_arrive(bars.empty(stage));
+  }
+
+  // After the last step s: its dQ.
+  __device__ void last_dq(int s) {
+    float dq[C::kDqCols / 8][4];
+    issue_dq(dq, s);
+    wgmma_wait<0>();
+    fence_registers(flat<C::kDqCols>(dq));
     hand_over_dq(dq, s);
   }
 
   // The dQ tile to this warpgroup's shared boxes once its producer thread's TMA has read the last.
-  __device__ void hand_over_dq(const float (&dq)[8][4], int s) const {
+  __device__ void hand_over_dq(const float (&dq)[C::kDqCols / 8][4], int s) const {
     mbarrier_wait(bars.dq_empty(wg), (uint32_t(s) & 1u) ^ 1u);
     const int lane = threadIdx.x % 32, row = 16 * ((threadIdx.x % 128) / 32) + lane / 4;
     const uint32_t tile = smem + C::kDqOffset + wg * C::DqTile::kBytes;
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < C::kDqCols / 8; ++j)
 #pragma unroll
       for (int half = 0; half < 2; ++half)
         asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(

@@ -44,11 +44,6 @@ struct BackwardShape {
 constexpr bool backward_supported(int head_dim) { return head_dim == 64 || head_dim == 128; }
 constexpr BackwardShape backward_shape(int /*head_dim*/) { return BackwardShape{64, 128, 2}; }
 
-// dq_accum copies of a deterministic backward: at d = 64 both consumer warpgroups compute every
-// dQ column (over their own keys), so each adds to a copy of its own; at d = 128 they own
-// disjoint columns of one copy.
-constexpr int backward_dq_copies(int head_dim, bool deterministic) { return deterministic && head_dim == 64 ? 2 : 1; }
-
 // Deterministic mode orders the adds to each dQ tile by key block through one int per (query
 // tile, consumer): query tile m of sequence b and head h is (h * stride + packed_q(b) / 64 + b + m)
 // with stride = rows_q / 64 + batch + 1, which no two tiles share.
@@ -57,13 +52,13 @@ constexpr int64_t backward_dq_turns(int64_t rows_q, int64_t batch, int64_t heads
   return 2 * heads_q * backward_dq_turn_stride(rows_q, batch);
 }
 
-// K, V, the Q and dO stages, two dS^T buffers, a 64 x 64 fp32 dQ tile per consumer, lse and delta
-// rows per stage, the mbarriers, and 1 KiB of slack for the alignment of the tiles.
+// K, V, the Q and dO stages, two dS^T buffers, a block_m x d/2 fp32 dQ tile per consumer, lse
+// and delta rows per stage, the mbarriers, and 1 KiB of slack for the alignment of the tiles.
 constexpr int backward_smem_bytes(int head_dim) {
   const BackwardShape s = backward_shape(head_dim);
   const int barriers = 1 + 2 * s.stages + 4;
   return 2 * head_dim * (2 * s.block_n + 2 * s.stages * s.block_m) + 2 * 2 * s.block_n * s.block_m +
-         2 * 4 * s.block_m * s.stages + 2 * 4 * 64 * s.block_m + 8 * barriers + 1024;
+         2 * 4 * s.block_m * s.stages + 2 * 4 * (head_dim / 2) * s.block_m + 8 * barriers + 1024;
 }
 
 }  // namespace flashattn::cuda::sm90

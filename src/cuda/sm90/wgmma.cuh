@@ -39,11 +39,14 @@ __device__ __forceinline__ uint64_t k_major_descriptor(uint32_t tile, int row0, 
   return swizzled_descriptor(tile + Tile::offset(row0, kk * 16), 16, 1024);
 }
 
-// N-major operand B (k rows x N columns, N contiguous, e.g. V of P V): k-step `kk` is 16 rows.
-// 64-column blocks are a block apart (leading offset), 8-row groups 1024 bytes (stride offset).
+// N-major operand B (k rows x N columns, N contiguous, e.g. V of P V): k-step `kk` is 16 rows,
+// from column col0 on (a multiple of 8; inside a 64-column block the start moves along the
+// 128-byte row, and the swizzle, a function of the address, still applies). 64-column blocks are
+// a block apart (leading offset), 8-row groups 1024 bytes (stride offset).
 template <typename Tile>
-__device__ __forceinline__ uint64_t n_major_descriptor(uint32_t tile, int kk) {
-  return swizzled_descriptor(tile + uint32_t(kk * 16 * 128), Tile::kBlockBytes, 1024);
+__device__ __forceinline__ uint64_t n_major_descriptor(uint32_t tile, int kk, int col0 = 0) {
+  const uint32_t start = tile + uint32_t((col0 / 64) * Tile::kBlockBytes + (col0 % 64) * 2 + kk * 16 * 128);
+  return swizzled_descriptor(start, Tile::kBlockBytes, 1024);
 }
 
 // Orders this warpgroup's earlier register accesses before the wgmma that follow.
