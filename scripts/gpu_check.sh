@@ -7,7 +7,7 @@
 #
 #   scripts/gpu_check.sh OUTPUT_DIR [--quick | --no-bench]
 #
-# Logs land in OUTPUT_DIR: build.log, cpu_tests.log, cuda_tests.log, cuda_sm80.log,
+# Logs land in OUTPUT_DIR: build.log, cpu_tests.log, cuda_tests.log, cuda_sm80*.log,
 # memcheck.log, racecheck.log, synccheck.log, python.log,
 # sm90_evidence.txt, bench.md (and bench.jsonl, bench-forward.svg, bench-backward.svg);
 # the last lines printed are a summary. --quick benchmarks a subset of the shapes, --no-bench
@@ -42,6 +42,11 @@ step build build.log cmake --build "$build" -j "$(nproc)"
 step cuda_tests cuda_tests.log "$build/tests/cuda/flashattn_cuda_tests"
 step cuda_sm80 cuda_sm80.log env FLASHATTN_CUDA_KERNELS=sm80 "$build/tests/cuda/flashattn_cuda_tests" \
   --gtest_brief=1 --gtest_filter='*MatchesOracle*:CudaAttentionRuns.*'
+# The sm80 configurations of GPUs with less shared memory (A100, then sm_86/89) on this one.
+for smem in 166912 101376; do
+  step "cuda_sm80_smem$smem" "cuda_sm80_smem$smem.log" env FLASHATTN_CUDA_KERNELS=sm80 FLASHATTN_CUDA_MAX_SMEM=$smem \
+    "$build/tests/cuda/flashattn_cuda_tests" --gtest_brief=1 --gtest_filter='*MatchesOracle*'
+done
 
 # The sm_90a kernels: tensor-core and TMA instructions (loads; the backward's dQ reduce-adds, and
 # no atomics) in their SASS, ptxas's spill report.

@@ -25,10 +25,11 @@
 namespace flashattn::cuda {
 
 // kStagesArg: Q and dO single or double-buffered (two stages need more shared memory than the
-// A100 has per block at d = 128; the launcher picks what the device allows).
-template <typename T, int kD, int kStagesArg = 1>
+// A100 has per block at d = 128); kBlockM: query rows per step. The launcher picks what the
+// device allows.
+template <typename T, int kD, int kStagesArg = 1, int kBlockM = 64>
 struct BackwardConfig {
-  static constexpr BackwardShape kShape = backward_shape(kD);
+  static constexpr BackwardShape kShape = backward_shape(kD, kBlockM);
   static constexpr int kM = kShape.block_m, kN = kShape.block_n, kWarps = kShape.warps, kSplit = kShape.d_split;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kKeyGroups = kWarps / kSplit;   // groups of warps sharing keys
@@ -37,8 +38,16 @@ struct BackwardConfig {
   static constexpr int kWarpQueries = kM / kSplit;     // query columns of a warp's S^T
   static constexpr int kWarpCols = kD / kSplit;        // dK/dV columns of a warp
   static_assert(kN == 16 * kKeyTiles * kKeyGroups, "key groups hold whole 16-row tiles");
-  static_assert(kM == 64 && kWarps == 8, "dQ = dS K spreads 4 row groups x 2 column halves over 8 warps");
-  static_assert(kWarpCols % 16 == 0 && (kD / 2) % 16 == 0, "head dim must split into 16-column steps");
+  // dQ = dS K: the warps take kDqRowGroups groups of kDqRowTiles 16-row tiles times kDqParts
+  // column parts of kDqCols each. Two row tiles per warp read each K fragment for two mma (a
+  // fifth less shared-memory traffic than one) where the column parts stay whole 16-column steps.
+  static constexpr int kDqRowTiles = kShape.dq_row_tiles;
+  static constexpr int kDqRowGroups = kM / (16 * kDqRowTiles);
+  static constexpr int kDqParts = kWarps / kDqRowGroups;
+  static constexpr int kDqCols = kD / kDqParts;
+  static_assert(kWarps % kDqRowGroups == 0, "dQ row groups must spread evenly over the warps");
+  static_assert(kWarpCols % 16 == 0 && kDqCols % 16 == 0, "head dim must split into 16-column steps");
+  static_assert(2 * kM <= kThreads, "one thread per lse2 and delta row of a step");
   using QTile = SmemTile<kM, kD>;
   using KTile = SmemTile<kN, kD>;
   using STile = SmemTile<kN, kM>;  // P^T or dS^T, [key][query]
@@ -93,10 +102,10 @@ __device__ __forceinline__ void accumulate_dq_row(float* row, bool valid, const 
 
 // Dropout and general scores (ScoreRule::is_general) are template parameters, so the common
 // variant carries none of their code and none of their registers.
-template <typename T, int kD, int kStages, bool kDropout, bool kGeneral>
-__global__ void __launch_bounds__(BackwardConfig<T, kD, kStages>::kThreads, 1)
+template <typename T, int kD, int kStages, int kBlockM, bool kDropout, bool kGeneral>
+__global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM>::kThreads, 1)
     backward_kernel(const __grid_constant__ KernelParams p) {
-  using C = BackwardConfig<T, kD, kStages>;
+  using C = BackwardConfig<T, kD, kStages, kBlockM>;
   using Elem = typename T::storage;
   using QTile = typename C::QTile;
   using KTile = typename C::KTile;
@@ -304,28 +313,37 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages>::kThreads, 1)
         cp_async_commit();
       }
 
-      // dQ (kM x kD) += dS K: warp w takes query rows 16 (w % 4).. and columns half (w / 4).
+      // dQ (kM x kD) += dS K: warp w takes the kDqRowTiles 16-row tiles of group w % kDqRowGroups
+      // and the kDqCols columns of part w / kDqRowGroups.
       {
-        const int row_group = warp % 4, dq_col0 = (warp / 4) * (kD / 2);
-        float dq[kD / 16][4] = {};
+        constexpr int kRowTiles = C::kDqRowTiles;
+        const int row0 = (warp % C::kDqRowGroups) * kRowTiles * 16, dq_col0 = (warp / C::kDqRowGroups) * C::kDqCols;
+        float dq[kRowTiles][C::kDqCols / 8][4] = {};
 #pragma unroll
         for (int kk = 0; kk < kN / 16; ++kk) {
-          uint32_t a[4];
-          ldmatrix_x4_trans(a, s_ds + STile::offset(kk * 16 + km_lane.row, row_group * 16 + km_lane.col));
+          uint32_t a[kRowTiles][4];
 #pragma unroll
-          for (int dt = 0; dt < kD / 32; ++dt) {
+          for (int rt = 0; rt < kRowTiles; ++rt)
+            ldmatrix_x4_trans(a[rt], s_ds + STile::offset(kk * 16 + km_lane.row, row0 + rt * 16 + km_lane.col));
+#pragma unroll
+          for (int dt = 0; dt < C::kDqCols / 16; ++dt) {
             uint32_t bk[4];
             ldmatrix_x4_trans(bk, s_k + KTile::offset(kk * 16 + kn_lane.row, dq_col0 + dt * 16 + kn_lane.col));
-            mma_16816<T>(dq[2 * dt], a, {bk[0], bk[1]});
-            mma_16816<T>(dq[2 * dt + 1], a, {bk[2], bk[3]});
+#pragma unroll
+            for (int rt = 0; rt < kRowTiles; ++rt) {
+              mma_16816<T>(dq[rt][2 * dt], a[rt], {bk[0], bk[1]});
+              mma_16816<T>(dq[rt][2 * dt + 1], a[rt], {bk[2], bk[3]});
+            }
           }
         }
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int64_t i = m0 + row_group * 16 + g + half * 8;
-          float* row = dq_accum + ((seq.packed_q + i) * p.heads_q + h) * kD + dq_col0;
-          backward_detail::accumulate_dq_row(row, i < seq.seqlen_q, dq, half);
-        }
+        for (int rt = 0; rt < kRowTiles; ++rt)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int64_t i = m0 + row0 + rt * 16 + g + half * 8;
+            float* row = dq_accum + ((seq.packed_q + i) * p.heads_q + h) * kD + dq_col0;
+            backward_detail::accumulate_dq_row(row, i < seq.seqlen_q, dq[rt], half);
+          }
       }
     }
 

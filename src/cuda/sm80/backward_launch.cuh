@@ -8,17 +8,19 @@
 
 namespace flashattn::cuda {
 
-template <typename T, int kD, int kStages, bool kDropout>
+template <typename T, int kD, int kStages, int kBlockM, bool kDropout>
 auto backward_kernel_for(const KernelParams& p) {
-  return ScoreRule::is_general(p) ? backward_kernel<T, kD, kStages, kDropout, true>
-                                  : backward_kernel<T, kD, kStages, kDropout, false>;
+  return ScoreRule::is_general(p) ? backward_kernel<T, kD, kStages, kBlockM, kDropout, true>
+                                  : backward_kernel<T, kD, kStages, kBlockM, kDropout, false>;
 }
 
-template <typename T, int kD, int kStages>
+// kWithDropout: whether this configuration has the dropout kernels (the 128-row one does not).
+template <typename T, int kD, int kStages, int kBlockM, bool kWithDropout = true>
 Status launch_backward_main(const KernelParams& p, cudaStream_t stream) {
-  using C = BackwardConfig<T, kD, kStages>;
-  const auto kernel = p.dropout_threshold != 0 ? backward_kernel_for<T, kD, kStages, true>(p)
-                                               : backward_kernel_for<T, kD, kStages, false>(p);
+  using C = BackwardConfig<T, kD, kStages, kBlockM>;
+  auto kernel = backward_kernel_for<T, kD, kStages, kBlockM, false>(p);
+  if constexpr (kWithDropout)
+    if (p.dropout_threshold != 0) kernel = backward_kernel_for<T, kD, kStages, kBlockM, true>(p);
   FA_TRY(device_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes),
                        "cudaFuncSetAttribute(backward_kernel)"));
   const int n_blocks = (p.seqlen_k + C::kN - 1) / C::kN;
@@ -28,16 +30,26 @@ Status launch_backward_main(const KernelParams& p, cudaStream_t stream) {
   return device_status(cudaGetLastError(), "backward_kernel launch");
 }
 
+// The largest configuration the device's shared memory holds: 128 query rows per step (head
+// dims up to 64; not with dropout, whose Philox state makes that kernel spill), else 64 rows with
+// Q and dO double-buffered, else single-buffered.
+template <typename T, int kD>
+Status launch_backward_main_fitting(const KernelParams& p, cudaStream_t stream) {
+  int device = 0;
+  FA_TRY(device_status(cudaGetDevice(&device), "cudaGetDevice"));
+  const int smem = device_info(device).max_smem_per_block;
+  constexpr int kWide = backward_wide_block_m(kD);
+  if constexpr (kWide != 0)
+    if (p.dropout_threshold == 0 && smem >= BackwardConfig<T, kD, 2, kWide>::kSmemBytes)
+      return launch_backward_main<T, kD, 2, kWide, false>(p, stream);
+  if (smem >= BackwardConfig<T, kD, 2>::kSmemBytes) return launch_backward_main<T, kD, 2, 64>(p, stream);
+  return launch_backward_main<T, kD, 1, 64>(p, stream);
+}
+
 template <typename T, int kD>
 Status launch_backward(const KernelParams& p, cudaStream_t stream) {
   FA_TRY(launch_backward_prepare<T>(p, kD, stream));
-  if (p.seqlen_k > 0) {
-    // Double-buffered Q and dO where the device has the shared memory for them.
-    int device = 0;
-    FA_TRY(device_status(cudaGetDevice(&device), "cudaGetDevice"));
-    const bool two_stages = device_info(device).max_smem_per_block >= BackwardConfig<T, kD, 2>::kSmemBytes;
-    FA_TRY((two_stages ? launch_backward_main<T, kD, 2>(p, stream) : launch_backward_main<T, kD, 1>(p, stream)));
-  }
+  if (p.seqlen_k > 0) FA_TRY((launch_backward_main_fitting<T, kD>(p, stream)));
   return launch_backward_finish<T>(p, kD, stream);
 }
 

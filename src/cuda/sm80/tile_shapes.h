@@ -21,15 +21,25 @@ constexpr ForwardShape forward_shape(int head_dim) {
 
 struct BackwardShape {
   int block_m, block_n, warps, d_split;  // query rows per step, keys per block, warps, warps per key group
+  int dq_row_tiles;                      // 16-row tiles of dQ = dS K per warp
 };
 
 // Eight warps in key groups of d_split warps. A group keeps dK and dV of its keys in registers,
 // each warp of it computing S^T and dP^T for 1 / d_split of the query rows and dK/dV for
 // 1 / d_split of the head dim; P and dS meet in shared memory. Up to d = 128 a group holds 32
 // keys (two 16-row mma tiles, so every Q, dO fragment read from shared memory feeds twice as many
-// mma), above it 16, so that dK/dV fit in registers.
-constexpr BackwardShape backward_shape(int head_dim) {
-  return head_dim <= 128 ? BackwardShape{64, 128, 8, 2} : BackwardShape{64, 64, 8, 2};
+// mma), above it 16, so that dK/dV fit in registers. block_m is 64, or 128 up to d = 64 where the
+// device has the shared memory (backward_wide_block_m): half the steps and block-wide barriers per
+// key block. dQ takes two row tiles per warp (each K fragment read feeds two mma) where that
+// measured faster: not at d = 128, 64 rows.
+constexpr BackwardShape backward_shape(int head_dim, int block_m = 64) {
+  const int two_tile_parts = 8 / (block_m / 32);  // dQ column parts with two row tiles per warp
+  const int dq_row_tiles = (block_m == 128 || head_dim > 128) && head_dim % (16 * two_tile_parts) == 0 ? 2 : 1;
+  return head_dim <= 128 ? BackwardShape{block_m, 128, 8, 2, dq_row_tiles} : BackwardShape{block_m, 64, 8, 2, dq_row_tiles};
 }
+
+// The larger query block of head dims up to 64 (0: none); it needs about 214 KB of shared memory
+// with double-buffered Q and dO (Hopper-class devices), so the launcher falls back to 64 rows.
+constexpr int backward_wide_block_m(int head_dim) { return head_dim <= 64 ? 128 : 0; }
 
 }  // namespace flashattn::cuda
