@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/common/cp_async.cuh"
 #include "cuda/common/ldmatrix.cuh"
@@ -65,8 +66,15 @@ namespace backward_detail {
 struct Walk {
   int head_first, heads, m_begin, m_end;
   __device__ int steps() const { return heads * max(0, m_end - m_begin); }
-  __device__ int head(int step) const { return head_first + step / max(1, m_end - m_begin); }
-  __device__ int m_block(int step) const { return m_begin + step % max(1, m_end - m_begin); }
+};
+
+// One step of a walk: query block m_block of head `head`. next() advances without a division
+// (the step loop runs it once per step, in every thread).
+struct WalkStep {
+  int head, m_block;
+  __device__ WalkStep next(const Walk& walk) const {
+    return m_block + 1 < walk.m_end ? WalkStep{head, m_block + 1} : WalkStep{head + 1, walk.m_begin};
+  }
 };
 
 // Adds the half `half` (row g, or g + 8) of a warp's 16-row dQ tiles (n8 tiles side by side) to
@@ -153,8 +161,8 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM>::kThre
                                      first_q <= last_q ? int(last_q / kM) + 1 : int(first_q / kM)};
 
     // Loads of the query side of one step into a stage: Q, dO, lse2 and delta rows.
-    auto load_step = [&](int step, int stage) {
-      const int h = walk.head(step), m0 = walk.m_block(step) * kM;
+    auto load_step = [&](backward_detail::WalkStep pos, int stage) {
+      const int h = pos.head, m0 = pos.m_block * kM;
       const int rows = seq.seqlen_q - m0;
       load_tile_async<Elem, QTile, C::kThreads>(stage_q(stage), operand_row<const Elem>(p.q, b, seq.q_start + m0, h),
                                                 p.q.row, rows, p.head_dim, p.q.data);
@@ -174,7 +182,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM>::kThre
     if (walk.steps() > 0) {
       load_tile_async<Elem, KTile, C::kThreads>(s_k, k_rows + j0 * p.k.row, p.k.row, keys_valid, p.head_dim, p.k.data);
       load_tile_async<Elem, KTile, C::kThreads>(s_v, v_rows + j0 * p.v.row, p.v.row, keys_valid, p.head_dim, p.v.data);
-      load_step(0, 0);
+      load_step({walk.head_first, walk.m_begin}, 0);
       cp_async_commit();
     }
 
@@ -186,13 +194,14 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM>::kThre
     const LaneCoord kn_lane = b_operand_kn_lane(lane);
     const LaneCoord km_lane = a_operand_km_lane(lane);
 
-    for (int step = 0; step < walk.steps(); ++step) {
+    backward_detail::WalkStep pos{walk.head_first, walk.m_begin};
+    for (int step = 0; step < walk.steps(); ++step, pos = pos.next(walk)) {
       const int stage = C::kStages == 2 ? step % 2 : 0;
-      const int h = walk.head(step), m0 = walk.m_block(step) * kM;
+      const int h = pos.head, m0 = pos.m_block * kM;
       cp_async_wait<0>();
       __syncthreads();  // this step's loads landed; the previous step is done with the other stage
       if (C::kStages == 2 && step + 1 < walk.steps()) {
-        load_step(step + 1, 1 - stage);
+        load_step(pos.next(walk), 1 - stage);
         cp_async_commit();
       }
       const uint32_t s_q = stage_q(stage), s_do = stage_do(stage);
@@ -231,41 +240,49 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM>::kThre
       const bool masked = !rule.block_unmasked(m0, kM, j0, kN) || m0 + kM > seq.seqlen_q;
       const int64_t batch_head = int64_t(b) * p.heads_q + h;
       const float exp_scale = kGeneral ? 1.f : rule.exp_scale;
+      // Two copies of the pass: blocks without a mask (most of them) carry none of its work.
+      auto element_wise = [&](auto masked_tag) {
+        constexpr bool kMasked = decltype(masked_tag)::value;
 #pragma unroll
-      for (int qt = 0; qt < C::kQueryTiles; ++qt)
+        for (int qt = 0; qt < C::kQueryTiles; ++qt)
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int q_local = query0 + qt * 8 + 2 * t + c;
-          const int i = m0 + q_local;
-          const float row_lse2 = lse2[q_local], row_delta = delta[q_local];
-          // Visible keys of row i, in 32 bits (empty past the last query).
-          int first_key = 0, last_key = -1;
-          if (masked && i < seq.seqlen_q) {
-            first_key = int(rule.window.first_key(i));
-            last_key = int(max(rule.window.last_key(i), int64_t(-1)));
-          }
-#pragma unroll
-          for (int key_half = 0; key_half < 2 * C::kKeyTiles; ++key_half) {
-            const int kt = key_half / 2, half = key_half % 2;
-            const int j = int(j0) + group_key0 + kt * 16 + g + half * 8;
-            float& s = st[kt][qt][2 * half + c];
-            float& dp = dpt[kt][qt][2 * half + c];
-            float cap_grad = 1.f;
-            if (kGeneral) {
-              if (rule.softcap > 0.f) {
-                const float th = tanhf(rule.scale * s / rule.softcap);
-                cap_grad = 1.f - th * th;
-              }
-              s = rule.transform(s, i, j);
+          for (int c = 0; c < 2; ++c) {
+            const int q_local = query0 + qt * 8 + 2 * t + c;
+            const int i = m0 + q_local;
+            const float row_lse2 = lse2[q_local], row_delta = delta[q_local];
+            // Visible keys of row i, in 32 bits (empty past the last query).
+            int first_key = 0, last_key = -1;
+            if (kMasked && i < seq.seqlen_q) {
+              first_key = int(rule.window.first_key(i));
+              last_key = int(max(rule.window.last_key(i), int64_t(-1)));
             }
-            if (masked && (j < first_key || j > last_key)) s = -INFINITY;
-            const float prob = fast_exp2(fmaf(s, exp_scale, -row_lse2));
-            float z = 1.f;
-            if (kDropout) z = drop.keep(batch_head, i, j) ? drop.inv_keep : 0.f;
-            s = prob * z;
-            dp = prob * (z * dp - row_delta) * cap_grad;
+#pragma unroll
+            for (int key_half = 0; key_half < 2 * C::kKeyTiles; ++key_half) {
+              const int kt = key_half / 2, half = key_half % 2;
+              const int j = int(j0) + group_key0 + kt * 16 + g + half * 8;
+              float& s = st[kt][qt][2 * half + c];
+              float& dp = dpt[kt][qt][2 * half + c];
+              float cap_grad = 1.f;
+              if (kGeneral) {
+                if (rule.softcap > 0.f) {
+                  const float th = tanhf(rule.scale * s / rule.softcap);
+                  cap_grad = 1.f - th * th;
+                }
+                s = rule.transform(s, i, j);
+              }
+              if (kMasked && (j < first_key || j > last_key)) s = -INFINITY;
+              const float prob = fast_exp2(fmaf(s, exp_scale, -row_lse2));
+              float z = 1.f;
+              if (kDropout) z = drop.keep(batch_head, i, j) ? drop.inv_keep : 0.f;
+              s = prob * z;
+              dp = prob * (z * dp - row_delta) * cap_grad;
+            }
           }
-        }
+      };
+      if (masked)
+        element_wise(std::true_type{});
+      else
+        element_wise(std::false_type{});
 
       // dS^T and z P^T to shared memory, [key][query].
 #pragma unroll
@@ -309,7 +326,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM>::kThre
 
       if (C::kStages == 1 && step + 1 < walk.steps()) {
         __syncthreads();  // every warp is done with the stage; dQ below reads only dS and K
-        load_step(step + 1, 0);
+        load_step(pos.next(walk), 0);
         cp_async_commit();
       }
 
@@ -336,13 +353,15 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM>::kThre
             }
           }
         }
+        const int64_t dq_pitch = int64_t(p.heads_q) * kD;  // floats from one dq_accum row to the next
+        const int first_row = m0 + row0 + g;                // this lane's first query row
+        float* dq_rows = dq_accum + (seq.packed_q + first_row) * dq_pitch + int64_t(h) * kD + dq_col0;
 #pragma unroll
         for (int rt = 0; rt < kRowTiles; ++rt)
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
-            const int64_t i = m0 + row0 + rt * 16 + g + half * 8;
-            float* row = dq_accum + ((seq.packed_q + i) * p.heads_q + h) * kD + dq_col0;
-            backward_detail::accumulate_dq_row(row, i < seq.seqlen_q, dq[rt], half);
+            const int r = rt * 16 + half * 8;
+            backward_detail::accumulate_dq_row(dq_rows + r * dq_pitch, first_row + r < seq.seqlen_q, dq[rt], half);
           }
       }
     }
