@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Runs one shape through flashattn's CUDA kernels and PyTorch's FLASH backend (FlashAttention-2)
+once each, for a profiler to compare them kernel by kernel; with --ncu it runs itself under
+Nsight Compute and prints one table: a row per metric, a column per kernel.
+
+  python3 bench/profile_cuda.py --library build/libflashattn.so --d 64 --n 4096 [--causal] --ncu
+
+bf16, B * N = 16k tokens, H = 2048 / d as in bench_cuda.py. FLASHATTN_CUDA_KERNELS=sm80 in the
+environment profiles the mma.sync kernels on a Hopper GPU.
+"""
+import argparse
+import csv
+import io
+import os
+import subprocess
+import sys
+
+METRICS = [
+    "gpu__time_duration.sum",
+    "launch__registers_per_thread",
+    "launch__shared_mem_per_block_dynamic",
+    "launch__occupancy_limit_shared_mem",
+    "launch__occupancy_limit_registers",
+    "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "sm__inst_executed.sum",
+    "smsp__issue_active.avg.pct_of_peak_sustained_active",
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum",
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum",
+    "l1tex__throughput.avg.pct_of_peak_sustained_active",
+] + [f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio" for r in (
+    "barrier", "long_scoreboard", "short_scoreboard", "mio_throttle", "math_pipe_throttle", "wait",
+    "not_selected", "dispatch_stall", "lg_throttle", "membar", "branch_resolving", "no_instruction")]
+KERNELS = "regex:forward_kernel|backward_kernel|flash_fwd_kernel|flash_bwd_dq_dk_dv"
+
+
+def run_shape(args):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from bench_cuda import FlashAttn
+
+    fa = FlashAttn(args.library)
+    h = 2048 // args.d
+    b = max(1, 16384 // args.n)
+    shape = (b, h, args.n, args.d)
+    q, k, v, dout = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    out, dq, dk, dv = (torch.empty_like(q) for _ in range(4))
+    lse = torch.empty((b, h, args.n), device="cuda", dtype=torch.float32)
+    fa.forward_call(q, k, v, out, lse, args.causal)()
+    fa.backward_call(dout, q, k, v, out, lse, dq, dk, dv, args.causal, False)()
+    qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        ref = F.scaled_dot_product_attention(qg, kg, vg, is_causal=args.causal)
+        torch.autograd.grad(ref, (qg, kg, vg), dout)
+    torch.cuda.synchronize()
+
+
+def profile(args):
+    cmd = ["ncu", "--csv", "--page", "raw", "-k", KERNELS, "--metrics", ",".join(METRICS),
+           sys.executable, os.path.abspath(__file__), "--library", args.library, "--d", str(args.d), "--n",
+           str(args.n)] + (["--causal"] if args.causal else [])
+    text = subprocess.run(cmd, capture_output=True, text=True).stdout
+    rows = list(csv.DictReader(io.StringIO(text[text.index('"ID"'):])))[1:]  # row 0: units
+    names = [r["Kernel Name"].split("(")[0].split("<")[0].split("::")[-1][:28] for r in rows]
+    print("| metric | " + " | ".join(names) + " |")
+    print("|---|" + "---|" * len(rows))
+    for m in METRICS:
+        print(f"| {m.replace('smsp__average_warps_issue_stalled_', 'stall ').replace('_per_issue_active.ratio', '')} | "
+              + " | ".join(r.get(m, "-") for r in rows) + " |")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--library", required=True)
+    ap.add_argument("--d", type=int, default=128)
+    ap.add_argument("--n", type=int, default=4096)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--ncu", action="store_true", help="run under Nsight Compute and print the metrics")
+    args = ap.parse_args()
+    profile(args) if args.ncu else run_shape(args)
+
+
+if __name__ == "__main__":
+    main()
