@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/backend.h"
+#include "core/query_groups.h"
 #include "core/validate.h"
 #include "flashattn/flashattn.h"
 
@@ -25,7 +26,13 @@ struct Plan {
 
 Status plan(const CallArgs& args, Plan* plan) {
   FA_TRY(build_params(args, &plan->params));
-  return select_backend(plan->params, args.options->backend, &plan->ops);
+  FA_TRY(select_backend(plan->params, args.options->backend, &plan->ops));
+  // Decoding with grouped heads runs with each group's heads as rows (core/query_groups.h).
+  if (query_groups_foldable(plan->params)) {
+    const Params folded = fold_query_groups(plan->params);
+    if (plan->ops->supports(folded).is_ok()) plan->params = folded;
+  }
+  return Status::ok();
 }
 
 // Runs a validated plan, with the caller's workspace or one allocated for this call.

@@ -67,6 +67,13 @@ std::vector<NamedCase> feature_sweep(flashattn_dtype t, const std::vector<int>& 
   decode.alibi = Alibi::per_head;
   s.push_back({"decode_long_keys_every_feature", decode});
   s.push_back({"decode_long_keys_window", with_window(dense(t, d, 2, 1, 1, 1, 5000), 700, 0)});
+  // Decoding with grouped heads: folded into rows of one head (core/query_groups.h) unless the
+  // window hides keys from the one query.
+  Case folded = causal(dense(t, d, 3, 8, 2, 1, 300));
+  folded.softcap = 20.f;
+  s.push_back({"decode_gqa_folded", folded});
+  s.push_back({"decode_gqa_folded_wide_window", with_window(dense(t, d, 2, 6, 1, 1, 77), 76, 3)});
+  s.push_back({"decode_gqa_narrow_window", with_window(dense(t, d, 2, 6, 3, 1, 77), 20, 0)});
   // Masks.
   s.push_back({"causal_more_queries", causal(dense(t, d, 2, 2, 2, 130, 77))});  // rows 0..52 see nothing
   s.push_back({"causal_fewer_queries", causal(dense(t, d, 2, 2, 2, 77, 130))});
