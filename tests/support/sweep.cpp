@@ -108,6 +108,14 @@ std::vector<NamedCase> feature_sweep(flashattn_dtype t, const std::vector<int>& 
   Case varlen_bhsd = with_window(varlen(t, d, 2, 2, {1, 64, 129}, {200, 64, 1}), 16, 16);
   varlen_bhsd.layout = Layout::bhsd;
   s.push_back({"varlen_window_bhsd", varlen_bhsd});
+  // More tiles than a GPU has multiprocessors (a grid that hands out tiles in several rounds).
+  s.push_back({"many_tiles_causal_gqa", causal(dense(t, d, 3, 24, 6, 160, 160))});  // 144 tiles of 128 rows
+  std::vector<int> lengths_q, lengths_k;
+  for (int i = 0; i < 16; ++i) {
+    lengths_q.push_back((i * 97) % 181);  // 0, 97, 13, 110, 26, ...: empty and partial tiles
+    lengths_k.push_back((i * 61 + 40) % 170);
+  }
+  s.push_back({"varlen_many_tiles_causal", causal(varlen(t, d, 6, 2, lengths_q, lengths_k))});
   // Dropout.
   s.push_back({"dropout", with_dropout(dense(t, d, 1, 2, 2, 100, 100), 0.1f, 1234)});
   s.push_back({"dropout_causal_gqa", with_dropout(causal(dense(t, d, 2, 4, 2, 90, 140)), 0.3f, 77, 7)});
