@@ -32,9 +32,26 @@ GpuCase::Mirror GpuCase::mirror(HostTensor& t) {
   Mirror m;
   m.host = &t;
   m.device = std::make_unique<DeviceBuffer<uint8_t>>(t.storage_bytes());
-  cuda_check(cudaMemcpy(m.device->get(), t.data(), t.storage_bytes(), cudaMemcpyHostToDevice), "upload");
+  upload(m);
   m.view = t.view_on(m.device->get(), FLASHATTN_DEVICE_CUDA, 0);
   return m;
+}
+
+void GpuCase::upload(Mirror& m) {
+  cuda_check(cudaMemcpy(m.device->get(), m.host->data(), m.host->storage_bytes(), cudaMemcpyHostToDevice), "upload");
+}
+
+void GpuCase::poison_forward_outputs() {
+  host.poison_forward_outputs();
+  upload(out_);
+  upload(lse_);
+}
+
+void GpuCase::poison_gradients() {
+  host.poison_gradients();
+  upload(dq_);
+  upload(dk_);
+  upload(dv_);
 }
 
 void GpuCase::download(Mirror& m) {

@@ -24,6 +24,9 @@ class GpuCase {
   flashattn_status forward();   // then out and lse are back in `host`
   flashattn_status backward();  // uses the device out/lse of forward(); dq, dk, dv back in `host`
   void set_deterministic(bool on) { options_.deterministic = on ? 1 : 0; }
+  // Poison again, on the device too, so that a repeated pass must write every element anew.
+  void poison_forward_outputs();
+  void poison_gradients();
 
  private:
   struct Mirror {
@@ -33,6 +36,7 @@ class GpuCase {
   };
   Mirror mirror(HostTensor& t);
   static void download(Mirror& m);
+  static void upload(Mirror& m);
 
   Mirror q_, k_, v_, out_, lse_, dout_, dq_, dk_, dv_, alibi_, cu_q_, cu_k_;
   flashattn_options options_;
