@@ -62,22 +62,20 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
-    trees = [source_tree(source, args.out) for source in args.sources]
+    trees = [source_tree(source, args.out) for source in args.sources]  # (name, source folder)
+    folders = [os.path.join(args.out, name) for name, _ in trees]
     jobs = max(2, (os.cpu_count() or 2) // len(trees))
 
-    def build_tree(tree):
-        name, src = tree
-        folder = os.path.join(args.out, name)
+    def build_tree(tree, folder):
         os.makedirs(folder, exist_ok=True)
-        return build(src, os.path.join(folder, "build"), args.head_dims, args.tests, jobs,
+        return build(tree[1], os.path.join(folder, "build"), args.head_dims, args.tests, jobs,
                      os.path.join(folder, "log.txt"))
 
     with concurrent.futures.ThreadPoolExecutor(len(trees)) as pool:
-        built = list(pool.map(build_tree, trees))
+        built = list(pool.map(build_tree, trees, folders))
 
     results = []  # (name, {(d, n, causal): row})
-    for (name, src), ok in zip(trees, built):
-        folder = os.path.join(args.out, name)
+    for (name, _), folder, ok in zip(trees, folders, built):
         log = os.path.join(folder, "log.txt")
         library = os.path.join(folder, "build", "libflashattn.so")
         if not ok:
@@ -97,11 +95,11 @@ def main():
 
     if not results:
         sys.exit(1)
-    num = lambda x: f"{x:.0f}" if x is not None and x == x else "-"
+    measured = lambda x: x is not None and x == x  # neither missing nor NaN
+    num = lambda x: f"{x:.0f}" if measured(x) else "-"
     # The kernels the library picks (ours), and the mma.sync ones where the machine has sm_90a ones.
     columns = ["ours_fwd", "ours_bwd", "ours_bwd_det"]
-    if any(r.get("sm80_fwd") == r.get("sm80_fwd") and r.get("sm80_fwd") is not None
-           for _, rows in results for r in rows.values()):
+    if any(measured(r.get("sm80_fwd")) for _, rows in results for r in rows.values()):
         columns += ["sm80_fwd", "sm80_bwd"]
     head = "| d | N | causal | cuDNN fwd | cuDNN bwd | FLASH fwd | FLASH bwd | " + " | ".join(
         f"{name} {c.replace('ours_', '').replace('_', ' ')}" for name, _ in results for c in columns) + " |"
