@@ -132,6 +132,7 @@ __device__ void produce_tiles(const BackwardArgs& args, const Sequence& seq, int
     tma_load_4d(smem + cb * C::KTile::kBlockBytes, args.k, bars.kv_full(), cb * 64, key_row, hk, batch);
     tma_load_4d(smem + C::kVOffset + cb * C::KTile::kBlockBytes, args.v, bars.kv_full(), cb * 64, key_row, hk, batch);
   }
+#pragma unroll 1
   for (int s = 0; s < w.steps(); ++s) {
     const RingSlot<C::kStages> slot = RingSlot<C::kStages>::of(s);
     const int h = w.head(s), row = int(seq.q_start) + w.m_block(s) * C::kM;
@@ -153,6 +154,7 @@ template <typename C>
 __device__ void produce_rows(const KernelParams& p, const Sequence& seq, const KeyBlockWork& w, uint32_t smem,
                              const BackwardBarriers<C::kStages>& bars) {
   const int lane = threadIdx.x % 32;
+#pragma unroll 1
   for (int s = 0; s < w.steps(); ++s) {
     const RingSlot<C::kStages> slot = RingSlot<C::kStages>::of(s);
     const int h = w.head(s), m0 = w.m_block(s) * C::kM;
@@ -200,6 +202,7 @@ __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, i
   // The query tiles that key block n - 1 sees: the key blocks that see a tile are contiguous, so
   // these are the tiles for which n is not the first.
   const KeyBlockWork before = n > 0 ? KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n - 1) : KeyBlockWork{};
+#pragma unroll 1
   for (int s = 0; s < w.steps(); ++s) {
     const int h = w.head(s), m = w.m_block(s);
     const int row = int(seq.packed_q) + m * C::kM;
