@@ -42,12 +42,13 @@ struct BackwardArgs {
 template <typename T, int D>
 struct BackwardConfig {
   static constexpr int kD = D;
-  static_assert(backward_supported(D), "the sm90 backward serves head dims 64 and 128");
+  static_assert(backward_supported(D) && !backward_wide(D), "the narrow sm90 backward serves head dims 64 and 128");
   static constexpr BackwardShape kShape = backward_shape(kD);
   static constexpr int kM = kShape.block_m, kN = kShape.block_n, kStages = kShape.stages;
   static constexpr int kThreads = 384;  // producer + two consumer warpgroups of 64 keys
   static_assert(kN == 128 && kM == 64, "two consumer warpgroups of 64 keys, 64-row dQ tiles");
   static constexpr int kDqCols = kD / 2;  // dQ columns of a consumer, over all keys
+  static constexpr int kDqRounds = 1;      // dQ tiles a consumer hands over per step
   static constexpr int kColumnBlocks = kD / 64;  // 64-column TMA boxes of a row
   using QTile = SwizzledTile<kM, kD>;   // Q and dO of a step
   using KTile = SwizzledTile<kN, kD>;   // K and V
@@ -131,6 +132,7 @@ __device__ void produce_tiles(const BackwardArgs& args, const Sequence& seq, int
     tma_load_4d(smem + cb * C::KTile::kBlockBytes, args.k, bars.kv_full(), cb * 64, key_row, hk, batch);
     tma_load_4d(smem + C::kVOffset + cb * C::KTile::kBlockBytes, args.v, bars.kv_full(), cb * 64, key_row, hk, batch);
   }
+#pragma unroll 1
   for (int s = 0; s < w.steps(); ++s) {
     const RingSlot<C::kStages> slot = RingSlot<C::kStages>::of(s);
     const int h = w.head(s), row = int(seq.q_start) + w.m_block(s) * C::kM;
@@ -152,6 +154,7 @@ template <typename C>
 __device__ void produce_rows(const KernelParams& p, const Sequence& seq, const KeyBlockWork& w, uint32_t smem,
                              const BackwardBarriers<C::kStages>& bars) {
   const int lane = threadIdx.x % 32;
+#pragma unroll 1
   for (int s = 0; s < w.steps(); ++s) {
     const RingSlot<C::kStages> slot = RingSlot<C::kStages>::of(s);
     const int h = w.head(s), m0 = w.m_block(s) * C::kM;
@@ -194,28 +197,32 @@ __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, i
   if (w.steps() == 0) return;
   tma_prefetch_map(args.dq_accum);
   const uint32_t tile = smem + C::kDqOffset + wg * C::DqTile::kBytes;
-  const int col0 = wg * C::kDqCols;
+  constexpr int kRoundCols = C::kDqCols / C::kDqRounds;  // dQ columns of one handed-over tile
   const int64_t turn_stride = backward_dq_turn_stride(p.rows_q, p.batch);
   // The query tiles that key block n - 1 sees: the key blocks that see a tile are contiguous, so
   // these are the tiles for which n is not the first.
   const KeyBlockWork before = n > 0 ? KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n - 1) : KeyBlockWork{};
+#pragma unroll 1
   for (int s = 0; s < w.steps(); ++s) {
     const int h = w.head(s), m = w.m_block(s);
     const int row = int(seq.packed_q) + m * C::kM;
     int* turn = p.dq_turns + 2 * (h * turn_stride + seq.packed_q / C::kM + b + m) + wg;
-    mbarrier_wait(bars.dq_full(wg), uint32_t(s) & 1u);
-    if (p.deterministic && n > 0 && before.sees(m)) wait_for_turn(turn, n);
+    for (int r = 0; r < C::kDqRounds; ++r) {
+      mbarrier_wait(bars.dq_full(wg), uint32_t(s * C::kDqRounds + r) & 1u);
+      if (r == 0 && p.deterministic && n > 0 && before.sees(m)) wait_for_turn(turn, n);
 #pragma unroll
-    for (int box = 0; box < C::kDqCols / 32; ++box)
-      tma_reduce_add_3d(args.dq_accum, tile + box * C::DqTile::kBlockBytes, col0 + 32 * box, h, row);
-    bulk_commit();
-    if (p.deterministic) {
-      bulk_wait<0>();
-      pass_turn(turn, n + 1);
-    } else {
-      bulk_wait_read<0>();
+      for (int box = 0; box < kRoundCols / 32; ++box)
+        tma_reduce_add_3d(args.dq_accum, tile + box * C::DqTile::kBlockBytes, wg * C::kDqCols + r * kRoundCols + 32 * box,
+                          h, row);
+      bulk_commit();
+      if (p.deterministic && r == C::kDqRounds - 1) {
+        bulk_wait<0>();
+        pass_turn(turn, n + 1);
+      } else {
+        bulk_wait_read<0>();
+      }
+      mbarrier_arrive(bars.dq_empty(wg));
     }
-    mbarrier_arrive(bars.dq_empty(wg));
   }
   bulk_wait<0>();  // the block's shared memory lives until its adds are done
 }

@@ -7,13 +7,23 @@
 
 #include "cuda/launch.h"
 #include "cuda/sm90/backward_kernel.cuh"
+#include "cuda/sm90/backward_wide_kernel.cuh"
 #include "cuda/sm90/tensor_map.h"
 
 namespace flashattn::cuda::sm90 {
 
+// The narrow kernel up to d = 128, the wide one above (tile_shapes.h).
+template <typename T, int kD, bool kGeneral>
+constexpr auto backward_kernel_for() {
+  if constexpr (backward_wide(kD))
+    return wide_backward_kernel<T, kD, kGeneral>;
+  else
+    return backward_kernel<T, kD, kGeneral>;
+}
+
 template <typename T, int kD>
 Status launch_backward_main(const KernelParams& p, cudaStream_t stream) {
-  using C = BackwardConfig<T, kD>;
+  using C = std::conditional_t<backward_wide(kD), WideBackwardConfig<T, kD>, BackwardConfig<T, kD>>;
   BackwardArgs args;
   args.p = p;
   constexpr bool kBf16 = std::is_same_v<T, bf16>;
@@ -22,7 +32,7 @@ Status launch_backward_main(const KernelParams& p, cudaStream_t stream) {
   FA_TRY(make_operand_map(&args.k, p.k, p, Side::keys, kBf16, C::kN));
   FA_TRY(make_operand_map(&args.v, p.v, p, Side::keys, kBf16, C::kN));
   FA_TRY(make_accumulator_map(&args.dq_accum, p.dq_accum, int64_t(p.dq_copies) * p.rows_q, p.heads_q, kD, C::kM));
-  const auto kernel = ScoreRule::is_general(p) ? backward_kernel<T, kD, true> : backward_kernel<T, kD, false>;
+  const auto kernel = ScoreRule::is_general(p) ? backward_kernel_for<T, kD, true>() : backward_kernel_for<T, kD, false>();
   FA_TRY(device_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes),
                        "cudaFuncSetAttribute(sm90 backward_kernel)"));
   const int n_blocks = (p.seqlen_k + C::kN - 1) / C::kN;

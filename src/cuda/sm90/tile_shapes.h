@@ -34,15 +34,19 @@ constexpr int forward_smem_bytes(int head_dim) {
 namespace flashattn::cuda::sm90 {
 
 // The sm_90 backward: a block keeps dK and dV of block_n keys in its two consumer warpgroups'
-// registers (64 keys each, d/2 + d/2 fp32 per thread) and walks the query blocks of block_m rows
-// that see them, Q and dO through a ring of `stages`. d <= 128 only: at d = 256 dK and dV alone
-// would take 256 registers per thread.
+// registers and walks the query blocks of block_m rows that see them, Q and dO through a ring of
+// `stages`. Up to d = 128 each consumer owns 64 of 128 keys (d/2 + d/2 fp32 per thread); at
+// d = 256 (backward_wide_kernel.cuh) the consumers share 64 keys and split the head dim, and Q
+// and dO have one stage.
 struct BackwardShape {
   int block_m, block_n, stages;
 };
 
-constexpr bool backward_supported(int head_dim) { return head_dim == 64 || head_dim == 128; }
-constexpr BackwardShape backward_shape(int /*head_dim*/) { return BackwardShape{64, 128, 2}; }
+constexpr bool backward_supported(int head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
+constexpr bool backward_wide(int head_dim) { return head_dim > 128; }
+constexpr BackwardShape backward_shape(int head_dim) {
+  return backward_wide(head_dim) ? BackwardShape{64, 64, 1} : BackwardShape{64, 128, 2};
+}
 
 // Deterministic mode orders the adds to each dQ tile by key block through one int per (query
 // tile, consumer): query tile m of sequence b and head h is (h * stride + packed_q(b) / 64 + b + m)
@@ -52,13 +56,15 @@ constexpr int64_t backward_dq_turns(int64_t rows_q, int64_t batch, int64_t heads
   return 2 * heads_q * backward_dq_turn_stride(rows_q, batch);
 }
 
-// K, V, the Q and dO stages, two dS^T buffers, a block_m x d/2 fp32 dQ tile per consumer, lse
-// and delta rows per stage, the mbarriers, and 1 KiB of slack for the alignment of the tiles.
+// K, V, the Q and dO stages, two dS^T buffers (narrow) or the P^T and dS^T tiles (wide), a
+// block_m x (d/2 or d/4) fp32 dQ tile per consumer, lse and delta rows per stage, the mbarriers,
+// and 1 KiB of slack for the alignment of the tiles.
 constexpr int backward_smem_bytes(int head_dim) {
   const BackwardShape s = backward_shape(head_dim);
   const int barriers = 1 + 2 * s.stages + 4;
+  const int dq_cols = backward_wide(head_dim) ? head_dim / 4 : head_dim / 2;
   return 2 * head_dim * (2 * s.block_n + 2 * s.stages * s.block_m) + 2 * 2 * s.block_n * s.block_m +
-         2 * 4 * s.block_m * s.stages + 2 * 4 * (head_dim / 2) * s.block_m + 8 * barriers + 1024;
+         2 * 4 * dq_cols * s.block_m + 2 * 4 * s.block_m * s.stages + 8 * barriers + 1024;
 }
 
 }  // namespace flashattn::cuda::sm90

@@ -1,0 +1,290 @@
+// Backward attention on sm_90a for a wide head dim (d = 256), where dK and dV of 64 keys no longer
+// fit in one warpgroup's registers (256 a thread). A block owns 64 keys; its two consumer
+// warpgroups share them and split the rest:
+//   S^T = K Q^T, dP^T = V dO^T        consumer w: all 64 keys x queries [32 w, 32 w + 32)
+//   P^T, dS^T                          written to shared memory, [key][query], both halves
+//   dV += P^T dO, dK += dS^T Q         consumer w: columns [128 w, 128 w + 128), wgmma SS
+//   dQ += dS K                         consumer w: the same columns, in two 64-column rounds
+// Q and dO have one stage (K, V, Q and dO take 128 KB); the producer, the row warp and the dQ
+// reduce-adds are those of the narrow kernel (backward_kernel.cuh), dQ in two rounds per step.
+#pragma once
+
+#include "cuda/sm90/backward_kernel.cuh"
+
+namespace flashattn::cuda::sm90 {
+
+template <typename T, int D>
+struct WideBackwardConfig {
+  static constexpr int kD = D;
+  static constexpr BackwardShape kShape = backward_shape(kD);
+  static constexpr int kM = kShape.block_m, kN = kShape.block_n, kStages = kShape.stages;
+  static_assert(kM == 64 && kN == 64 && kStages == 1, "64 keys, 64-row steps, one Q/dO stage");
+  static constexpr int kThreads = 384;
+  static constexpr int kQueries = kM / 2;   // S^T columns of a consumer
+  static constexpr int kCols = kD / 2;      // dK, dV and dQ columns of a consumer
+  static constexpr int kDqCols = kCols;
+  static constexpr int kDqRounds = 2;       // dQ tiles of kCols / 2 columns a consumer hands over per step
+  static constexpr int kColumnBlocks = kD / 64;
+  using QTile = SwizzledTile<kM, kD>;   // Q and dO
+  using KTile = SwizzledTile<kN, kD>;   // K and V
+  using PTile = SwizzledTile<kN, kM>;   // P^T or dS^T, [key][query]
+  using DqTile = SwizzledFloatTile<kM, kDqCols / kDqRounds>;
+  static constexpr int kVOffset = KTile::kBytes;
+  static constexpr int kQOffset = 2 * KTile::kBytes;
+  static constexpr int kDoOffset = kQOffset + kStages * QTile::kBytes;
+  static constexpr int kPOffset = kDoOffset + kStages * QTile::kBytes;
+  static constexpr int kDsOffset = kPOffset + PTile::kBytes;
+  static constexpr int kDqOffset = kDsOffset + PTile::kBytes;
+  static_assert(kDqOffset % 1024 == 0, "swizzled TMA boxes start on the 1024-byte swizzle period");
+  static constexpr int kRowsOffset = kDqOffset + 2 * DqTile::kBytes;
+  static constexpr int kBarrierOffset = kRowsOffset + kStages * 2 * kM * 4;
+  static constexpr int kBarriers = 1 + 2 * kStages + 4;
+  static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
+  static_assert(kSmemBytes == backward_smem_bytes(kD), "the host reads the same size");
+  static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
+  static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 384 * 168, "over the block's registers");
+};
+
+// Named barriers between the two consumers (256 threads): the P^T and dS^T tiles are free (both
+// are done reading the last step's), and they are written (both halves).
+constexpr int kWideTilesFree = 1, kWideTilesWritten = 2;
+
+template <typename T, int kD, bool kGeneral>
+struct WideBackwardConsumer {
+  using C = WideBackwardConfig<T, kD>;
+  using Elem = typename T::storage;
+  static constexpr int kM = C::kM, kN = C::kN, kQueries = C::kQueries, kCols = C::kCols;
+  static constexpr int kRoundCols = kCols / C::kDqRounds;
+
+  const KernelParams& p;
+  const Sequence& seq;
+  int b, hk;
+  uint32_t smem;
+  BackwardBarriers<C::kStages> bars;
+  int wg;  // consumer index: queries [32 wg, +32) of S^T, columns [128 wg, +128) of dK, dV, dQ
+  float dk[kCols / 8][4], dv[kCols / 8][4];
+  int rounds = 0;  // dQ tiles handed over so far
+
+  __device__ uint32_t k_tile() const { return smem; }
+  __device__ uint32_t v_tile() const { return smem + C::kVOffset; }
+  __device__ uint32_t q_tile() const { return smem + C::kQOffset; }
+  __device__ uint32_t do_tile() const { return smem + C::kDoOffset; }
+  __device__ uint32_t p_tile() const { return smem + C::kPOffset; }
+  __device__ uint32_t ds_tile() const { return smem + C::kDsOffset; }
+  __device__ const float* rows() const { return reinterpret_cast<const float*>(__cvta_shared_to_generic(smem + C::kRowsOffset)); }
+
+  // Row (key) and column (query) of accumulator element [jt][e] of this thread, in the block.
+  __device__ int key_of(int e) const { return 16 * ((threadIdx.x % 128) / 32) + (threadIdx.x % 32) / 4 + 8 * (e / 2); }
+  __device__ int query_of(int jt, int e) const { return kQueries * wg + 8 * jt + 2 * (threadIdx.x % 4) + e % 2; }
+
+  __device__ void run(const KeyBlockWork& w) {
+#pragma unroll
+    for (int dt = 0; dt < kCols / 8; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
+    if (w.steps() > 0) {
+      mbarrier_wait(bars.kv_full(), 0);
+      for (int s = 0; s < w.steps(); ++s) step(w, s);
+    }
+    store_dk_dv(w);
+  }
+
+  __device__ void step(const KeyBlockWork& w, int s) {
+    const int h = w.head(s), m0 = w.m_block(s) * kM;
+    using QTile = typename C::QTile;
+    using KTile = typename C::KTile;
+    using PTile = typename C::PTile;
+    mbarrier_wait(bars.full(0), uint32_t(s) & 1u);
+
+    // S^T and dP^T for all keys and this consumer's queries.
+    float st[kQueries / 8][4], dpt[kQueries / 8][4];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+      WgmmaOp<T, kQueries>::template ss<0, 0>(flat<kQueries>(st), k_major_descriptor<KTile>(k_tile(), 0, kk),
+                                              k_major_descriptor<QTile>(q_tile(), kQueries * wg, kk), kk > 0);
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+      WgmmaOp<T, kQueries>::template ss<0, 0>(flat<kQueries>(dpt), k_major_descriptor<KTile>(v_tile(), 0, kk),
+                                              k_major_descriptor<QTile>(do_tile(), kQueries * wg, kk), kk > 0);
+    wgmma_commit();
+    wgmma_wait<1>();
+    fence_registers(flat<kQueries>(st));
+    const ScoreRule rule = ScoreRule::make(p, seq, b, h);
+    float cap_grad[kQueries / 8][4];
+    to_probabilities(st, cap_grad, rule, m0, w.j0);
+    wgmma_wait<0>();
+    fence_registers(flat<kQueries>(dpt));
+    const float* delta = rows() + kM;
+#pragma unroll
+    for (int jt = 0; jt < kQueries / 8; ++jt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float ds = st[jt][e] * (dpt[jt][e] - delta[query_of(jt, e)]);
+        dpt[jt][e] = kGeneral ? ds * cap_grad[jt][e] : ds;
+      }
+
+    // Both halves of P^T and dS^T into shared memory, once both consumers are done with the last.
+    named_barrier_sync(kWideTilesFree, 256);
+    store_tile(st, p_tile());
+    store_tile(dpt, ds_tile());
+    fence_async_shared();
+    named_barrier_sync(kWideTilesWritten, 256);
+
+    // dV += P^T dO and dK += dS^T Q for this consumer's columns; then Q and dO are free.
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kM / 16; ++kk)
+      WgmmaOp<T, kCols>::template ss<0, 1>(flat<kCols>(dv), k_major_descriptor<PTile>(p_tile(), 0, kk),
+                                           n_major_descriptor<QTile>(do_tile(), kk, kCols * wg), 1);
+#pragma unroll
+    for (int kk = 0; kk < kM / 16; ++kk)
+      WgmmaOp<T, kCols>::template ss<0, 1>(flat<kCols>(dk), k_major_descriptor<PTile>(ds_tile(), 0, kk),
+                                           n_major_descriptor<QTile>(q_tile(), kk, kCols * wg), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(flat<kCols>(dv));
+    fence_registers(flat<kCols>(dk));
+    mbarrier_arrive(bars.empty(0));  // every consumer thread (it also read the step's rows)
+
+    // dQ = dS K for this consumer's columns, a 64-column round at a time.
+#pragma unroll 1
+    for (int r = 0; r < C::kDqRounds; ++r) {
+      float dq[kRoundCols / 8][4];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kN / 16; ++kk)
+        WgmmaOp<T, kRoundCols>::template ss<1, 1>(flat<kRoundCols>(dq), n_major_descriptor<PTile>(ds_tile(), kk),
+                                                  n_major_descriptor<KTile>(k_tile(), kk, kCols * wg + kRoundCols * r),
+                                                  kk > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_registers(flat<kRoundCols>(dq));
+      hand_over_dq(dq);
+    }
+  }
+
+  // Window::visible in 32-bit arithmetic, without branches.
+  static __device__ __forceinline__ bool visible(const semantics::Window& w, int i, int j) {
+    const int d = j - i - (w.seqlen_k - w.seqlen_q);
+    return (j < w.seqlen_k) & (w.left < 0 | d >= -w.left) & (w.right < 0 | d <= w.right);
+  }
+
+  // S^T -> P^T = exp2(S^T - lse) in place, masked entries 0 (rows past the sequence have lse +inf).
+  __device__ void to_probabilities(float (&st)[kQueries / 8][4], float (&cap_grad)[kQueries / 8][4],
+                                   const ScoreRule& rule, int m0, int64_t j0) const {
+    const float* lse2 = rows();
+    if (kGeneral) {
+#pragma unroll
+      for (int jt = 0; jt < kQueries / 8; ++jt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float& s = st[jt][e];
+          const float th = rule.softcap > 0.f ? tanhf(rule.scale * s / rule.softcap) : 0.f;
+          cap_grad[jt][e] = 1.f - th * th;
+          s = rule.transform(s, m0 + query_of(jt, e), int(j0) + key_of(e));
+        }
+    }
+    if (!rule.block_unmasked(m0, kM, j0, kN)) {
+#pragma unroll
+      for (int jt = 0; jt < kQueries / 8; ++jt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (!visible(rule.window, m0 + query_of(jt, e), int(j0) + key_of(e))) st[jt][e] = -INFINITY;
+    }
+    const float exp_scale = kGeneral ? 1.f : rule.exp_scale;
+#pragma unroll
+    for (int jt = 0; jt < kQueries / 8; ++jt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[jt][e] = fast_exp2(fmaf(st[jt][e], exp_scale, -lse2[query_of(jt, e)]));
+  }
+
+  // This thread's accumulator pairs, in T, into a [key][query] tile.
+  __device__ void store_tile(const float (&acc)[kQueries / 8][4], uint32_t tile) const {
+#pragma unroll
+    for (int jt = 0; jt < kQueries / 8; ++jt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const uint32_t at = tile + C::PTile::offset(key_of(2 * half), query_of(jt, 0));
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(pack2<T>(acc[jt][2 * half], acc[jt][2 * half + 1])));
+      }
+  }
+
+  // A dQ round to this consumer's shared boxes once its producer thread's TMA has read the last.
+  __device__ void hand_over_dq(const float (&dq)[kRoundCols / 8][4]) {
+    mbarrier_wait(bars.dq_empty(wg), (uint32_t(rounds) & 1u) ^ 1u);
+    const int lane = threadIdx.x % 32, row = 16 * ((threadIdx.x % 128) / 32) + lane / 4;
+    const uint32_t tile = smem + C::kDqOffset + wg * C::DqTile::kBytes;
+#pragma unroll
+    for (int j = 0; j < kRoundCols / 8; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(
+                         tile + C::DqTile::offset(row + 8 * half, 8 * j + 2 * (lane % 4))),
+                     "f"(dq[j][2 * half]), "f"(dq[j][2 * half + 1]));
+    fence_async_shared();
+    mbarrier_arrive(bars.dq_full(wg));
+    ++rounds;
+  }
+
+  // dK = scale * sum dS^T Q and dV of the valid keys, this consumer's columns.
+  __device__ void store_dk_dv(const KeyBlockWork& w) const {
+    Elem* dk_rows = operand_row<Elem>(p.dk, b, seq.k_start + w.j0, hk);
+    Elem* dv_rows = operand_row<Elem>(p.dv, b, seq.k_start + w.j0, hk);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int key = key_of(2 * half);
+      if (key >= w.keys_valid) continue;
+#pragma unroll
+      for (int dt = 0; dt < kCols / 8; ++dt) {
+        const int col = kCols * wg + dt * 8 + 2 * (threadIdx.x % 4);
+        if (col >= p.head_dim) continue;
+        *reinterpret_cast<uint32_t*>(dk_rows + key * p.dk.row + col) =
+            pack2<T>(dk[dt][2 * half] * p.scale, dk[dt][2 * half + 1] * p.scale);
+        *reinterpret_cast<uint32_t*>(dv_rows + key * p.dv.row + col) = pack2<T>(dv[dt][2 * half], dv[dt][2 * half + 1]);
+      }
+    }
+  }
+};
+
+template <typename T, int kD, bool kGeneral>
+__global__ void __launch_bounds__(WideBackwardConfig<T, kD>::kThreads, 1)
+    wide_backward_kernel(const __grid_constant__ BackwardArgs args) {
+  using C = WideBackwardConfig<T, kD>;
+  const KernelParams& p = args.p;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t smem = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
+  const int hk = blockIdx.y, b = blockIdx.z;
+  const Sequence seq = Sequence::of(p, b);
+  const int n = blockIdx.x;
+  if (n * C::kN >= seq.seqlen_k) return;
+  const KeyBlockWork w = KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n);
+
+  const BackwardBarriers<C::kStages> bars{smem + C::kBarrierOffset};
+  if (threadIdx.x == 0) {
+    mbarrier_init(bars.kv_full(), 1);
+    mbarrier_init(bars.full(0), 1 + 32);  // the TMA thread's expect-tx and the row warp's lanes
+    mbarrier_init(bars.empty(0), 256);    // every consumer thread
+    for (int c = 0; c < 2; ++c) {
+      mbarrier_init(bars.dq_full(c), 128);
+      mbarrier_init(bars.dq_empty(c), 1);
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+
+  const int wg = int(threadIdx.x) / 128, warp = int(threadIdx.x) / 32;
+  if (wg == 0) {
+    registers_release<C::kProducerRegisters>();
+    if (threadIdx.x == 0) produce_tiles<C>(args, seq, b, hk, w, smem, bars);
+    if (warp == 1) produce_rows<C>(p, seq, w, smem, bars);
+    if (warp >= 2 && threadIdx.x % 32 == 0) reduce_dq_tiles<C>(args, seq, b, hk, n, w, smem, bars, warp - 2);
+  } else {
+    registers_claim<C::kConsumerRegisters>();
+    WideBackwardConsumer<T, kD, kGeneral> consumer{p, seq, b, hk, smem, bars, wg - 1};
+    consumer.run(w);
+  }
+}
+
+}  // namespace flashattn::cuda::sm90
