@@ -6,7 +6,8 @@
 //   dV += (z P)^T dO, dK += dS^T Q                    (registers; P and dS through shared memory)
 //   dQ += dS K                                        (fp32 atomics into dq_accum)
 // A key group of d_split warps owns 16 or 32 keys: each warp computes S^T for 1 / d_split of the
-// query rows and dK/dV for 1 / d_split of the head dim, exchanging P and dS in shared memory.
+// query rows; P and dS meet in shared memory, from which dK/dV take a layout of their own (32
+// keys and a part of the head dim per warp, tile_shapes.h).
 // Deterministic mode: the grid holds one block per dq_accum copy and each block walks its key
 // blocks in a fixed order, so every dq_accum address has a single writer in a fixed order.
 #pragma once
@@ -37,8 +38,14 @@ struct BackwardConfig {
   static constexpr int kGroupKeys = kN / kKeyGroups;   // keys of a group
   static constexpr int kKeyTiles = kGroupKeys / 16;    // 16-row mma tiles of a warp's S^T
   static constexpr int kWarpQueries = kM / kSplit;     // query columns of a warp's S^T
-  static constexpr int kWarpCols = kD / kSplit;        // dK/dV columns of a warp
   static_assert(kN == 16 * kKeyTiles * kKeyGroups, "key groups hold whole 16-row tiles");
+  // dK and dV: kDkvKeyGroups groups of kDkvKeyTiles 16-row tiles times kDkvParts parts of
+  // kDkvCols columns.
+  static constexpr int kDkvKeyGroups = kShape.dkv_key_groups;
+  static constexpr int kDkvKeyTiles = kN / 16 / kDkvKeyGroups;
+  static constexpr int kDkvParts = kWarps / kDkvKeyGroups;
+  static constexpr int kDkvCols = kD / kDkvParts;
+  static_assert(kN == 16 * kDkvKeyTiles * kDkvKeyGroups && kWarps % kDkvKeyGroups == 0, "dK/dV warp layout");
   // dQ = dS K: the warps take kDqRowGroups groups of kDqRowTiles 16-row tiles times kDqParts
   // column parts of kDqCols each. Two row tiles per warp read each K fragment for two mma (a
   // fifth less shared-memory traffic than one) where the column parts stay whole 16-column steps.
@@ -47,7 +54,7 @@ struct BackwardConfig {
   static constexpr int kDqParts = kWarps / kDqRowGroups;
   static constexpr int kDqCols = kD / kDqParts;
   static_assert(kWarps % kDqRowGroups == 0, "dQ row groups must spread evenly over the warps");
-  static_assert(kWarpCols % 16 == 0 && kDqCols % 16 == 0, "head dim must split into 16-column steps");
+  static_assert(kDkvCols % 16 == 0 && kDqCols % 16 == 0, "head dim must split into 16-column steps");
   static_assert(2 * kM <= kThreads, "one thread per lse2 and delta row of a step");
   using QTile = SmemTile<kM, kD>;
   using KTile = SmemTile<kN, kD>;
@@ -128,7 +135,8 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM>::kThre
   const int g = lane / 4, t = lane % 4;
   const int key_group = warp % C::kKeyGroups, part = warp / C::kKeyGroups;
   const int query0 = part * C::kWarpQueries;  // first query column of this warp's S^T
-  const int col0 = part * C::kWarpCols;       // first dK/dV column of this warp
+  const int dkv_key0 = (warp % C::kDkvKeyGroups) * C::kDkvKeyTiles * 16;  // first dK/dV key of this warp
+  const int dkv_col0 = (warp / C::kDkvKeyGroups) * C::kDkvCols;           // first dK/dV column
 
   const uint32_t s_k = smem_address(smem);
   const uint32_t s_v = s_k + KTile::kBytes;
@@ -186,8 +194,8 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM>::kThre
       cp_async_commit();
     }
 
-    float dk[C::kKeyTiles][C::kWarpCols / 8][4] = {};
-    float dv[C::kKeyTiles][C::kWarpCols / 8][4] = {};
+    float dk[C::kDkvKeyTiles][C::kDkvCols / 8][4] = {};
+    float dv[C::kDkvKeyTiles][C::kDkvCols / 8][4] = {};
     const int group_key0 = key_group * C::kGroupKeys;  // first key of this warp's group
     const LaneCoord a_lane = a_operand_lane(lane);
     const LaneCoord nk_lane = b_operand_nk_lane(lane);
@@ -302,20 +310,20 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM>::kThre
       // dV += (z P)^T dO and dK += dS^T Q over this step's queries (k = query).
 #pragma unroll
       for (int kk = 0; kk < kM / 16; ++kk) {
-        uint32_t ap[C::kKeyTiles][4], ads[C::kKeyTiles][4];
+        uint32_t ap[C::kDkvKeyTiles][4], ads[C::kDkvKeyTiles][4];
 #pragma unroll
-        for (int kt = 0; kt < C::kKeyTiles; ++kt) {
-          const uint32_t at = STile::offset(group_key0 + kt * 16 + a_lane.row, kk * 16 + a_lane.col);
+        for (int kt = 0; kt < C::kDkvKeyTiles; ++kt) {
+          const uint32_t at = STile::offset(dkv_key0 + kt * 16 + a_lane.row, kk * 16 + a_lane.col);
           ldmatrix_x4(ap[kt], s_p + at);
           ldmatrix_x4(ads[kt], s_ds + at);
         }
 #pragma unroll
-        for (int dt = 0; dt < C::kWarpCols / 16; ++dt) {
+        for (int dt = 0; dt < C::kDkvCols / 16; ++dt) {
           uint32_t bo[4], bq[4];
-          ldmatrix_x4_trans(bo, s_do + QTile::offset(kk * 16 + kn_lane.row, col0 + dt * 16 + kn_lane.col));
-          ldmatrix_x4_trans(bq, s_q + QTile::offset(kk * 16 + kn_lane.row, col0 + dt * 16 + kn_lane.col));
+          ldmatrix_x4_trans(bo, s_do + QTile::offset(kk * 16 + kn_lane.row, dkv_col0 + dt * 16 + kn_lane.col));
+          ldmatrix_x4_trans(bq, s_q + QTile::offset(kk * 16 + kn_lane.row, dkv_col0 + dt * 16 + kn_lane.col));
 #pragma unroll
-          for (int kt = 0; kt < C::kKeyTiles; ++kt) {
+          for (int kt = 0; kt < C::kDkvKeyTiles; ++kt) {
             mma_16816<T>(dv[kt][2 * dt], ap[kt], {bo[0], bo[1]});
             mma_16816<T>(dv[kt][2 * dt + 1], ap[kt], {bo[2], bo[3]});
             mma_16816<T>(dk[kt][2 * dt], ads[kt], {bq[0], bq[1]});
@@ -370,13 +378,13 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM>::kThre
     Elem* dk_rows = operand_row<Elem>(p.dk, b, seq.k_start + j0, hk);
     Elem* dv_rows = operand_row<Elem>(p.dv, b, seq.k_start + j0, hk);
 #pragma unroll
-    for (int key_half = 0; key_half < 2 * C::kKeyTiles; ++key_half) {
+    for (int key_half = 0; key_half < 2 * C::kDkvKeyTiles; ++key_half) {
       const int kt = key_half / 2, half = key_half % 2;
-      const int key = group_key0 + kt * 16 + g + half * 8;
+      const int key = dkv_key0 + kt * 16 + g + half * 8;
       if (key >= keys_valid) continue;
 #pragma unroll
-      for (int dt = 0; dt < C::kWarpCols / 8; ++dt) {
-        const int col = col0 + dt * 8 + 2 * t;
+      for (int dt = 0; dt < C::kDkvCols / 8; ++dt) {
+        const int col = dkv_col0 + dt * 8 + 2 * t;
         if (col >= p.head_dim) continue;
         *reinterpret_cast<uint32_t*>(dk_rows + key * p.dk.row + col) =
             pack2<T>(dk[kt][dt][2 * half] * p.scale, dk[kt][dt][2 * half + 1] * p.scale);

@@ -22,6 +22,7 @@ constexpr ForwardShape forward_shape(int head_dim) {
 struct BackwardShape {
   int block_m, block_n, warps, d_split;  // query rows per step, keys per block, warps, warps per key group
   int dq_row_tiles;                      // 16-row tiles of dQ = dS K per warp
+  int dkv_key_groups;                    // warps along the keys of dK and dV (the rest split columns)
 };
 
 // Eight warps in key groups of d_split warps. A group keeps dK and dV of its keys in registers,
@@ -32,10 +33,16 @@ struct BackwardShape {
 // device has the shared memory (backward_wide_block_m): half the steps and block-wide barriers per
 // key block. dQ takes two row tiles per warp (each K fragment read feeds two mma) where that
 // measured faster: not at d = 128, 64 rows.
+//
+// dK and dV take their own warp layout (P^T and dS^T come from shared memory either way): four
+// groups of 32 keys x d/2 columns up to d = 128, two of 32 keys x d/4 columns above (the layout of
+// FlashAttention-2; per step a warp then reads 36 KB instead of 48 KB of dO, Q, P^T and dS^T at
+// d = 256), where d/4 stays whole 16-column steps.
 constexpr BackwardShape backward_shape(int head_dim, int block_m = 64) {
   const int two_tile_parts = 8 / (block_m / 32);  // dQ column parts with two row tiles per warp
   const int dq_row_tiles = (block_m == 128 || head_dim > 128) && head_dim % (16 * two_tile_parts) == 0 ? 2 : 1;
-  return head_dim <= 128 ? BackwardShape{block_m, 128, 8, 2, dq_row_tiles} : BackwardShape{block_m, 64, 8, 2, dq_row_tiles};
+  if (head_dim <= 128) return BackwardShape{block_m, 128, 8, 2, dq_row_tiles, 4};
+  return BackwardShape{block_m, 64, 8, 2, dq_row_tiles, head_dim % 64 == 0 ? 2 : 4};
 }
 
 // The larger query block of head dims up to 64 (0: none); it needs about 214 KB of shared memory
