@@ -4,6 +4,7 @@
 // deterministic backward. Skipped, saying so, without a GPU.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -133,9 +134,17 @@ TEST_F(CudaAttentionRuns, DeterministicBackwardIsBitIdentical) {
   varlen.seqlens_q = {0, 900, 130, 1500};
   varlen.seqlens_k = {40, 1100, 130, 1500};
   cases.push_back(varlen);
+  int ran = 0;
   for (const Case& c : cases) {
     GpuCase g(c);
     g.set_deterministic(true);
+    // A GPU with less shared memory (or a capped one) may not serve every head dim's backward.
+    std::string why;
+    if (unsupported(g, Pass::backward, &why)) {
+      std::printf("skipping %s: %s\n", c.describe().c_str(), why.c_str());
+      continue;
+    }
+    ++ran;
     ASSERT_EQ(g.forward(), FLASHATTN_SUCCESS) << flashattn_last_error();
     ASSERT_EQ(g.backward(), FLASHATTN_SUCCESS) << flashattn_last_error();
     const std::vector<uint8_t> dq = g.host.dq.bytes(), dk = g.host.dk.bytes(), dv = g.host.dv.bytes();
@@ -150,6 +159,7 @@ TEST_F(CudaAttentionRuns, DeterministicBackwardIsBitIdentical) {
     const Check check = check_backward(g.host, p, reference::backward(p), reference::naive_backward(p));
     EXPECT_TRUE(check.ok) << c.describe() << "\n" << check.message;
   }
+  if (ran == 0) GTEST_SKIP() << "no case's backward is supported on this device";
 }
 
 // True where the sm_90a kernels may serve: compiled in, a compute capability 9.0 device, and
