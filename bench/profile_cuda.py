@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Runs one shape through flashattn's CUDA kernels and PyTorch's FLASH backend (FlashAttention-2)
-once each, for a profiler to compare them kernel by kernel; with --ncu it runs itself under
-Nsight Compute and prints one table: a row per metric, a column per kernel.
+"""Runs one shape through flashattn's CUDA kernels and PyTorch's FLASH (FlashAttention-2) and/or
+cuDNN SDPA backends (--reference flash | cudnn | both) once each, for a profiler to compare them
+kernel by kernel; with --ncu it runs itself under Nsight Compute and prints one table: a row per
+metric, a column per kernel.
 
   python3 bench/profile_cuda.py --library build/libflashattn.so --d 64 --n 4096 [--causal] --ncu
 
@@ -31,7 +32,8 @@ METRICS = [
 ] + [f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio" for r in (
     "barrier", "long_scoreboard", "short_scoreboard", "mio_throttle", "math_pipe_throttle", "wait",
     "not_selected", "dispatch_stall", "lg_throttle", "membar", "branch_resolving", "no_instruction")]
-KERNELS = "regex:forward_kernel|backward_kernel|flash_fwd_kernel|flash_bwd_dq_dk_dv"
+# Ours (sm90/sm80 forward and backward, the d = 256 sm90 backward), FlashAttention-2's and cuDNN's.
+KERNELS = "regex:forward_kernel|backward_kernel|flash_fwd_kernel|flash_bwd_dq_dk_dv|sdpa"
 
 
 def run_shape(args):
@@ -51,17 +53,23 @@ def run_shape(args):
     fa.forward_call(q, k, v, out, lse, args.causal)()
     fa.backward_call(dout, q, k, v, out, lse, dq, dk, dv, args.causal, False)()
     qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
-    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-        ref = F.scaled_dot_product_attention(qg, kg, vg, is_causal=args.causal)
-        torch.autograd.grad(ref, (qg, kg, vg), dout)
+    backends = {"flash": [SDPBackend.FLASH_ATTENTION], "cudnn": [SDPBackend.CUDNN_ATTENTION],
+                "both": [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION]}[args.reference]
+    for backend in backends:
+        with sdpa_kernel([backend]):
+            ref = F.scaled_dot_product_attention(qg, kg, vg, is_causal=args.causal)
+            torch.autograd.grad(ref, (qg, kg, vg), dout)
     torch.cuda.synchronize()
 
 
 def profile(args):
     cmd = ["ncu", "--csv", "--page", "raw", "-k", KERNELS, "--metrics", ",".join(METRICS),
            sys.executable, os.path.abspath(__file__), "--library", args.library, "--d", str(args.d), "--n",
-           str(args.n)] + (["--causal"] if args.causal else [])
-    text = subprocess.run(cmd, capture_output=True, text=True).stdout
+           str(args.n), "--reference", args.reference] + (["--causal"] if args.causal else [])
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    text = result.stdout
+    if '"ID"' not in text:
+        sys.exit("ncu printed no metrics table:\n" + text[-2000:] + result.stderr[-2000:])
     rows = list(csv.DictReader(io.StringIO(text[text.index('"ID"'):])))[1:]  # row 0: units
     names = [r["Kernel Name"].split("(")[0].split("<")[0].split("::")[-1][:28] for r in rows]
     print("| metric | " + " | ".join(names) + " |")
@@ -77,6 +85,8 @@ def main():
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--n", type=int, default=4096)
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--reference", choices=["flash", "cudnn", "both"], default="flash",
+                    help="PyTorch SDPA backend(s) profiled beside ours")
     ap.add_argument("--ncu", action="store_true", help="run under Nsight Compute and print the metrics")
     args = ap.parse_args()
     profile(args) if args.ncu else run_shape(args)
