@@ -21,16 +21,17 @@ namespace {
 
 std::string case_name(const ::testing::TestParamInfo<NamedCase>& info) { return info.param.name; }
 
+// True for what the CUDA backend rejects as unsupported (e.g. d != d_v), with its reason.
+bool unsupported(GpuCase& g, Pass pass, std::string* why) {
+  const flashattn_status s = g.supported(pass, why);
+  EXPECT_TRUE(s == FLASHATTN_SUCCESS || s == FLASHATTN_ERROR_UNSUPPORTED) << *why;
+  return s == FLASHATTN_ERROR_UNSUPPORTED;
+}
+
 class CudaAttention : public ::testing::TestWithParam<NamedCase> {
  protected:
   void SetUp() override {
     if (!gpu_present()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
-  }
-  // True for what the CUDA backend rejects as unsupported (e.g. d != d_v), with its reason.
-  static bool unsupported(GpuCase& g, Pass pass, std::string* why) {
-    const flashattn_status s = g.supported(pass, why);
-    EXPECT_TRUE(s == FLASHATTN_SUCCESS || s == FLASHATTN_ERROR_UNSUPPORTED) << *why;
-    return s == FLASHATTN_ERROR_UNSUPPORTED;
   }
 };
 
