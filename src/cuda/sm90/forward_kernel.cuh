@@ -10,8 +10,8 @@
 // issuing GEMMs (pingpong), so one's softmax hides under the other's matrix work. Key blocks are
 // visited last to first, so only the first ones meet the causal diagonal or the end of the keys.
 //
-// The grid is persistent: one block per multiprocessor takes tiles until none is left, the first
-// by its index and the others from a counter (dynamic, so that the long and short tiles of a
+// Up to d = 128 the grid is persistent (forward_persistent): one block per multiprocessor takes
+// tiles until none is left, the first by its index and the others from a counter (dynamic, so that the long and short tiles of a
 // causal mask or a varlen batch even out). The producer fetches the next tile while the
 // consumers finish the current one and streams its K, V and Q behind the current ones, so a
 // tile's start and end (latency of the first loads, the epilogue) overlap its neighbours' work.
@@ -49,13 +49,13 @@ struct ForwardConfig {
   static constexpr int kThreads = 128 * (1 + kConsumers);
   using QTile = SwizzledTile<kM, kD>;
   using KVTile = SwizzledTile<kN, kD>;
-  // Shared memory: Q, K stages, V stages, the O tile (or none: O goes through Q's tile), then the
-  // mbarriers and the two tile slots; 1024-byte aligned tiles.
-  static constexpr bool kOutputTile = forward_output_tile(kD);
+  // Shared memory: Q, K stages, V stages, the O tile (persistent only; otherwise O goes through
+  // Q's tile), then the mbarriers and the two tile slots; 1024-byte aligned tiles.
+  static constexpr bool kPersistent = forward_persistent(kD);  // and O staged in a tile of its own
   static constexpr int kKOffset = QTile::kBytes;
   static constexpr int kVOffset = kKOffset + kStages * KVTile::kBytes;
   static constexpr int kOOffset = kVOffset + kStages * KVTile::kBytes;
-  static constexpr int kBarrierOffset = kOOffset + (kOutputTile ? QTile::kBytes : 0);
+  static constexpr int kBarrierOffset = kOOffset + (kPersistent ? QTile::kBytes : 0);
   static constexpr int kBarriers = forward_barriers(kStages);
   static constexpr int kTileSlotOffset = kBarrierOffset + 8 * kBarriers;
   static constexpr int kSmemBytes = kTileSlotOffset + 8 + 1024;  // + slack to align the base
@@ -137,6 +137,7 @@ __device__ void produce_tile(const ForwardArgs& args, const ForwardTile& t, KeyB
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int batch = varlen ? 0 : t.b;  // varlen maps are one batch of packed rows
   const int hk = t.h / p.group;
+#pragma unroll 1
   for (int n = blocks.end - 1; n >= blocks.begin; --n, ++ring) {
     const RingSlot<C::kStages> slot = RingSlot<C::kStages>::of(ring);
     const int row = int(t.seq.k_start) + n * C::kN;
@@ -165,29 +166,42 @@ __device__ void produce_tile(const ForwardArgs& args, const ForwardTile& t, KeyB
   }
 }
 
-// The producer thread's loop over tiles: publish the tile, stream it, fetch the next.
+// The producer thread's work on tile `index`.
 template <typename C>
-__device__ void produce(const ForwardArgs& args, const TileOrder& order, uint32_t smem, const Barriers<C::kStages>& bars,
-                        const TileSlots& slots) {
+__device__ void produce_index(const ForwardArgs& args, int index, uint32_t smem, int& ring, uint32_t& q_loads) {
+  const KernelParams& p = args.p;
+  const ForwardTile t = TileOrder::of(p, C::kM).tile(p, index, C::kM);
+  if (t.m0 >= t.seq.seqlen_q) return;
+  const ScoreRule rule = ScoreRule::make(p, t.seq, t.b, t.h);
+  produce_tile<C>(args, t, KeyBlocks::of(rule, t.seq, t.m0, C::kM, C::kN, p.num_splits, t.split), smem,
+                  Barriers<C::kStages>{smem + C::kBarrierOffset}, ring, q_loads);
+}
+
+// The producer thread: its block's tile, or (persistent) publish a tile, stream it, fetch the
+// next, until none is left.
+template <typename C>
+__device__ void produce(const ForwardArgs& args, uint32_t smem) {
   const KernelParams& p = args.p;
   tma_prefetch_map(args.q);
   tma_prefetch_map(args.k);
   tma_prefetch_map(args.v);
   int ring = 0;
   uint32_t q_loads = 0;
-  int index = int(blockIdx.x);
-  for (int j = 0;; ++j) {
-    mbarrier_wait(bars.tile_empty(j % 2), ((j / 2) & 1) ^ 1u);
-    slots.publish(j % 2, index);
-    mbarrier_arrive(bars.tile_full(j % 2));
-    if (index >= order.total) return;
-    const ForwardTile t = order.tile(p, index, C::kM);
-    if (t.m0 < t.seq.seqlen_q) {
-      const ScoreRule rule = ScoreRule::make(p, t.seq, t.b, t.h);
-      produce_tile<C>(args, t, KeyBlocks::of(rule, t.seq, t.m0, C::kM, C::kN, p.num_splits, t.split), smem, bars, ring,
-                      q_loads);
+  if constexpr (!C::kPersistent) {
+    produce_index<C>(args, int(blockIdx.x), smem, ring, q_loads);
+  } else {
+    const int total = TileOrder::of(p, C::kM).total;
+    const Barriers<C::kStages> bars{smem + C::kBarrierOffset};
+    const TileSlots slots{smem + C::kTileSlotOffset};
+    int index = int(blockIdx.x);
+    for (int j = 0;; ++j) {
+      mbarrier_wait(bars.tile_empty(j % 2), ((j / 2) & 1) ^ 1u);
+      slots.publish(j % 2, index);
+      mbarrier_arrive(bars.tile_full(j % 2));
+      if (index >= total) return;
+      produce_index<C>(args, index, smem, ring, q_loads);
+      index = atomicAdd(p.tile_counter, 1) + int(gridDim.x);
     }
-    index = atomicAdd(p.tile_counter, 1) + int(gridDim.x);
   }
 }
 
@@ -199,8 +213,8 @@ struct Consumer {
   using Elem = typename T::storage;
 
   const KernelParams& p;
-  const ForwardTile& t;
   const ScoreRule& rule;
+  int m0;           // first query row of the tile
   uint32_t smem;
   Barriers<C::kStages> bars;
   int wg;           // consumer index
@@ -241,7 +255,7 @@ struct Consumer {
   __device__ void softmax(float (&s)[kN / 8][4], int n, float (&correction)[2]) {
     const int64_t j0 = int64_t(n) * kN;
     if (kGeneral) forward_detail::transform_scores(s, rule, row0, j0);
-    if (!rule.block_unmasked(t.m0 + 64 * wg, 64, j0, kN)) forward_detail::apply_mask(s, rule.window, row0, int(j0));
+    if (!rule.block_unmasked(m0 + 64 * wg, 64, j0, kN)) forward_detail::apply_mask(s, rule.window, row0, int(j0));
     forward_detail::exponentiate_scores(s, row_max, row_sum, kGeneral ? 1.f : rule.exp_scale, correction);
   }
 
@@ -297,7 +311,7 @@ struct Consumer {
     }
 
     // Every S = Q K^T of the tile is done: with O staged elsewhere, Q's tile is free.
-    if (C::kOutputTile) release(bars.q_empty());
+    if (C::kPersistent) release(bars.q_empty());
 
     // Last P V. Consumer 1 passes no turn: consumer 0 takes none after this.
     slot = RingSlot<C::kStages>::of(ring + i);
@@ -314,7 +328,7 @@ struct Consumer {
   // O / l and lse; then O through this warpgroup's rows of the O tile (or of Q's, then released)
   // to coalesced 16-byte stores, or fp32 partials straight from registers when the keys are
   // split. A tile without keys writes zeros without staging: its Q's tile was never loaded.
-  __device__ void finish(bool had_keys) {
+  __device__ void finish(const ForwardTile& t, bool had_keys) {
     const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
     float lse[2];
     forward_detail::normalize_rows(o, row_max, row_sum, rule.exp_scale, p.dropout_inv_keep, lse);
@@ -334,7 +348,7 @@ struct Consumer {
       }
     } else {
       forward_detail::store_lse(p, t.b, t.h, t.seq, row0, lse);
-      const uint32_t staging = smem + (C::kOutputTile ? C::kOOffset : 0);
+      const uint32_t staging = smem + (C::kPersistent ? C::kOOffset : 0);
       unsigned char* tile = reinterpret_cast<unsigned char*>(__cvta_shared_to_generic(staging));
       named_barrier_sync(kEpilogueBarrier + wg, 128);  // the previous tile's stores have read the tile
 #pragma unroll
@@ -352,7 +366,7 @@ struct Consumer {
               *reinterpret_cast<const uint4*>(tile + QTile::offset(wg_row + row, col));
       }
     }
-    if (!C::kOutputTile && had_keys) {
+    if (!C::kPersistent && had_keys) {
       // This warp is done with Q's tile; its writes there precede the next Q's TMA writes.
       __syncwarp();
       fence_async_shared();
@@ -361,31 +375,45 @@ struct Consumer {
   }
 };
 
-// One consumer warpgroup's loop over the tiles the producer publishes.
+// One consumer warpgroup's work on tile `index`; `ring` and `q_loads` advance past it.
 template <typename T, int kD, bool kGeneral>
-__device__ void consume(const KernelParams& p, const TileOrder& order, uint32_t smem,
-                        const Barriers<ForwardConfig<T, kD>::kStages>& bars, const TileSlots& slots, int wg) {
+__device__ void consume_tile(const KernelParams& p, uint32_t smem, int wg, int index, int& ring, uint32_t& q_loads) {
+  using C = ForwardConfig<T, kD>;
+  const TileOrder order = TileOrder::of(p, C::kM);
+  const ForwardTile t = order.tile(p, index, C::kM);
+  if (t.m0 >= t.seq.seqlen_q) return;
+  const ScoreRule rule = ScoreRule::make(p, t.seq, t.b, t.h);
+  const KeyBlocks blocks = KeyBlocks::of(rule, t.seq, t.m0, C::kM, C::kN, p.num_splits, t.split);
+  const bool had_keys = blocks.begin < blocks.end;
+  const int row0 = t.m0 + 64 * wg + 16 * ((int(threadIdx.x) % 128) / 32);
+  Consumer<T, kD, kGeneral> consumer{p, rule, t.m0, smem, Barriers<C::kStages>{smem + C::kBarrierOffset}, wg, row0};
+  consumer.run(blocks, ring, q_loads & 1u);
+  consumer.finish(order.tile(p, index, C::kM), had_keys);  // recomputed: t need not live through run()
+  if (had_keys) {
+    ring += blocks.end - blocks.begin;
+    ++q_loads;
+  }
+}
+
+// One consumer warpgroup: its block's tile, or (persistent) the tiles the producer publishes.
+template <typename T, int kD, bool kGeneral>
+__device__ void consume(const KernelParams& p, uint32_t smem, int wg) {
   using C = ForwardConfig<T, kD>;
   int ring = 0;
   uint32_t q_loads = 0;
-  for (int j = 0;; ++j) {
-    mbarrier_wait(bars.tile_full(j % 2), (j / 2) & 1);
-    const int index = slots.read(j % 2);
-    __syncwarp();
-    if (threadIdx.x % 32 == 0) mbarrier_arrive(bars.tile_empty(j % 2));
-    if (index >= order.total) return;
-    const ForwardTile t = order.tile(p, index, C::kM);
-    if (t.m0 >= t.seq.seqlen_q) continue;
-    const ScoreRule rule = ScoreRule::make(p, t.seq, t.b, t.h);
-    const KeyBlocks blocks = KeyBlocks::of(rule, t.seq, t.m0, C::kM, C::kN, p.num_splits, t.split);
-    const bool had_keys = blocks.begin < blocks.end;
-    const int row0 = t.m0 + 64 * wg + 16 * ((int(threadIdx.x) % 128) / 32);
-    Consumer<T, kD, kGeneral> consumer{p, t, rule, smem, bars, wg, row0};
-    consumer.run(blocks, ring, q_loads & 1u);
-    consumer.finish(had_keys);
-    if (had_keys) {
-      ring += blocks.end - blocks.begin;
-      ++q_loads;
+  if constexpr (!C::kPersistent) {
+    consume_tile<T, kD, kGeneral>(p, smem, wg, int(blockIdx.x), ring, q_loads);
+  } else {
+    const int total = TileOrder::of(p, C::kM).total;
+    const Barriers<C::kStages> bars{smem + C::kBarrierOffset};
+    const TileSlots slots{smem + C::kTileSlotOffset};
+    for (int j = 0;; ++j) {
+      mbarrier_wait(bars.tile_full(j % 2), (j / 2) & 1);
+      const int index = slots.read(j % 2);
+      __syncwarp();
+      if (threadIdx.x % 32 == 0) mbarrier_arrive(bars.tile_empty(j % 2));
+      if (index >= total) return;
+      consume_tile<T, kD, kGeneral>(p, smem, wg, index, ring, q_loads);
     }
   }
 }
@@ -399,10 +427,8 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads, 1)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t smem = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
 
-  const TileOrder order = TileOrder::of(p, C::kM);
-  const Barriers<C::kStages> bars{smem + C::kBarrierOffset};
-  const TileSlots slots{smem + C::kTileSlotOffset};
   if (threadIdx.x == 0) {
+    const Barriers<C::kStages> bars{smem + C::kBarrierOffset};
     mbarrier_init(bars.q_full(), 1);
     mbarrier_init(bars.q_empty(), 4 * C::kConsumers);
     for (int s = 0; s < C::kStages; ++s) {
@@ -422,10 +448,10 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads, 1)
   const int wg = int(threadIdx.x) / 128;
   if (wg == 0) {
     registers_release<C::kProducerRegisters>();
-    if (threadIdx.x == 0) produce<C>(args, order, smem, bars, slots);
+    if (threadIdx.x == 0) produce<C>(args, smem);
   } else {
     registers_claim<C::kConsumerRegisters>();
-    consume<T, kD, kGeneral>(p, order, smem, bars, slots, wg - 1);
+    consume<T, kD, kGeneral>(p, smem, wg - 1);
   }
 }
 

@@ -24,13 +24,17 @@ Status launch_forward(const KernelParams& p, cudaStream_t stream) {
   const auto kernel = ScoreRule::is_general(p) ? forward_kernel<T, kD, true> : forward_kernel<T, kD, false>;
   FA_TRY(device_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes),
                        "cudaFuncSetAttribute(sm90 forward_kernel)"));
-  // Persistent: one block per multiprocessor (or per tile, if fewer), the tile counter zeroed.
+  // Persistent: one block per multiprocessor (or per tile, if fewer), the tile counter zeroed;
+  // otherwise one block per tile.
   const int64_t tiles = forward_tiles(p.batch, p.heads_q, p.seqlen_q, p.num_splits, C::kM);
   if (tiles == 0) return Status::ok();
-  int device = 0;
-  FA_TRY(device_status(cudaGetDevice(&device), "cudaGetDevice"));
-  const int blocks = int(std::min<int64_t>(tiles, std::max(1, device_info(device).multiprocessors)));
-  FA_TRY(device_status(cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream), "cudaMemsetAsync(tile_counter)"));
+  int blocks = int(tiles);
+  if constexpr (C::kPersistent) {
+    int device = 0;
+    FA_TRY(device_status(cudaGetDevice(&device), "cudaGetDevice"));
+    blocks = int(std::min<int64_t>(tiles, std::max(1, device_info(device).multiprocessors)));
+    FA_TRY(device_status(cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream), "cudaMemsetAsync(tile_counter)"));
+  }
   kernel<<<blocks, C::kThreads, C::kSmemBytes, stream>>>(args);
   FA_TRY(device_status(cudaGetLastError(), "sm90 forward_kernel launch"));
   if (p.num_splits > 1) return launch_combine<T>(p, kD, stream);

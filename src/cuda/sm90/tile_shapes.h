@@ -28,21 +28,23 @@ constexpr int64_t forward_tiles(int64_t batch, int64_t heads_q, int64_t seqlen_q
 }
 constexpr int64_t kMaxForwardTiles = (int64_t(1) << 31) - (int64_t(1) << 20);  // room for the grid past the last
 
-// The persistent forward stages O in a tile of its own where shared memory allows (d <= 128), so
-// that the next tile's Q can land while this tile's output is written; above that O goes through
-// Q's tile, which the next Q then waits for.
-constexpr bool forward_output_tile(int head_dim) { return head_dim <= 128; }
+// Up to d = 128 the forward is persistent (one block per multiprocessor takes tiles from a
+// counter) and stages O in a tile of its own, so that the next tile's Q can land while this
+// tile's output is written. Above, the output accumulators (d / 2 registers a thread) leave no
+// room for the loop's state, nor shared memory for an O tile: one tile per block, O through Q's
+// tile.
+constexpr bool forward_persistent(int head_dim) { return head_dim <= 128; }
 
 // mbarriers of the forward: Q full and empty, K and V full and empty per stage, two tile slots'
 // full and empty.
 constexpr int forward_barriers(int stages) { return 2 + 4 * stages + 4; }
 
-// Dynamic shared memory of the forward: Q, the K and V stages, the O tile (forward_output_tile),
+// Dynamic shared memory of the forward: Q, the K and V stages, the O tile (forward_persistent),
 // the mbarriers, two tile indices, and 1 KiB of slack to align the tiles to the 1024-byte period
 // of the swizzle.
 constexpr int forward_smem_bytes(int head_dim) {
   const ForwardShape s = forward_shape(head_dim);
-  const int output = forward_output_tile(head_dim) ? 2 * head_dim * s.block_m : 0;
+  const int output = forward_persistent(head_dim) ? 2 * head_dim * s.block_m : 0;
   return 2 * head_dim * (s.block_m + 2 * s.stages * s.block_n) + output + 8 * forward_barriers(s.stages) + 8 + 1024;
 }
 
