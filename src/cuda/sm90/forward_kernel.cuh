@@ -90,10 +90,8 @@ struct ForwardTile {
   Sequence seq;
 };
 
-// The tiles of a call, numbered head-major (the tiles of one head run at the same time and share
-// its K and V in L2), query tiles of a head last-first (under a causal mask the longest first),
-// key splits innermost. Varlen batches number max_seqlen_q's tiles for every sequence; the ones
-// past a sequence's end are skipped.
+// The tiles of a call in the order of forward_tile_at (tile_shapes.h); varlen batches number
+// max_seqlen_q's tiles for every sequence, and the ones past a sequence's end are skipped.
 struct TileOrder {
   int m_blocks, splits, total;
 
@@ -102,13 +100,12 @@ struct TileOrder {
     return {m_blocks, p.num_splits, p.batch * p.heads_q * m_blocks * p.num_splits};
   }
   __device__ ForwardTile tile(const KernelParams& p, int index, int block_m) const {
+    const ForwardTileCoordinates c = forward_tile_at(index, p.heads_q, m_blocks, splits);
     ForwardTile t;
-    t.split = index % splits;
-    const int m_rank = index / splits % m_blocks;
-    const int head = index / splits / m_blocks;
-    t.h = head % p.heads_q;
-    t.b = head / p.heads_q;
-    t.m0 = (m_blocks - 1 - m_rank) * block_m;
+    t.b = c.b;
+    t.h = c.h;
+    t.m0 = c.m_block * block_m;
+    t.split = c.split;
     t.seq = Sequence::of(p, t.b);
     return t;
   }

@@ -26,6 +26,16 @@ constexpr ForwardShape forward_shape(int head_dim) {
 constexpr int64_t forward_tiles(int64_t batch, int64_t heads_q, int64_t seqlen_q, int64_t splits, int block_m) {
   return batch * heads_q * ((seqlen_q + block_m - 1) / block_m) * splits;
 }
+// Tile `index` of the persistent forward: head-major (the tiles of one head run at the same time
+// and share its K and V in L2), a head's query tiles last-first (under a causal mask the longest
+// first), key splits innermost.
+struct ForwardTileCoordinates {
+  int b, h, m_block, split;
+};
+constexpr ForwardTileCoordinates forward_tile_at(int index, int heads_q, int m_blocks, int splits) {
+  const int head = index / splits / m_blocks;
+  return {head / heads_q, head % heads_q, m_blocks - 1 - index / splits % m_blocks, index % splits};
+}
 constexpr int64_t kMaxForwardTiles = (int64_t(1) << 31) - (int64_t(1) << 20);  // room for the grid past the last
 
 // Up to d = 128 the forward is persistent (one block per multiprocessor takes tiles from a
