@@ -45,12 +45,11 @@ constexpr int64_t kMaxForwardTiles = (int64_t(1) << 31) - (int64_t(1) << 20);  /
 // tile.
 constexpr bool forward_persistent(int head_dim) { return head_dim <= 128; }
 
-// mbarriers of the forward: Q full and empty, K and V full and empty per stage, two tile slots'
-// full and empty.
-constexpr int forward_barriers(int stages) { return 2 + 4 * stages + 4; }
+// mbarriers of the forward: Q full and empty, K and V full and empty per stage.
+constexpr int forward_barriers(int stages) { return 2 + 4 * stages; }
 
 // Dynamic shared memory of the forward: Q, the K and V stages, the O tile (forward_persistent),
-// the mbarriers, two tile indices, and 1 KiB of slack to align the tiles to the 1024-byte period
+// the mbarriers, the tile index slot (8 bytes, for alignment), and 1 KiB of slack to align the tiles to the 1024-byte period
 // of the swizzle.
 constexpr int forward_smem_bytes(int head_dim) {
   const ForwardShape s = forward_shape(head_dim);
