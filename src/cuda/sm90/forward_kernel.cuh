@@ -58,7 +58,7 @@ struct ForwardConfig {
   static constexpr int kBarrierOffset = kOOffset + (kPersistent ? QTile::kBytes : 0);
   static constexpr int kBarriers = forward_barriers(kStages);
   static constexpr int kTileSlotOffset = kBarrierOffset + 8 * kBarriers;
-  static constexpr int kSmemBytes = kTileSlotOffset + 8 + 1024;  // + slack to align the base
+  static constexpr int kSmemBytes = kTileSlotOffset + 2 * 4 * kTileSlotInts + 1024;  // + slack to align the base
   static_assert(kSmemBytes == forward_smem_bytes(kD), "the host reads the same size");
   // Register budgets after reallocation (multiples of 8; 128 * producer + 256 * consumer <= 64 K).
   static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
@@ -67,9 +67,8 @@ struct ForwardConfig {
   static_assert(kConsumers == 2, "the pingpong and register budgets assume two consumer warpgroups");
 };
 
-// Named barriers: 1 + c is consumer c's turn to issue GEMMs; 3 + c its epilogue; 5 + c and 7 + c
-// hand it the tile slot (TileSlot).
-constexpr int kTurnBarrier = 1, kEpilogueBarrier = 3, kTileFullBarrier = 5, kTileEmptyBarrier = 7;
+// Named barriers: 1 + c is consumer c's turn to issue GEMMs; 3 + c its epilogue.
+constexpr int kTurnBarrier = 1, kEpilogueBarrier = 3;
 
 // The mbarriers of the ring, in the order they sit in shared memory.
 template <int kStages>
@@ -81,6 +80,8 @@ struct Barriers {
   __device__ uint32_t k_empty(int s) const { return base + 8 * (2 + kStages + s); }
   __device__ uint32_t v_full(int s) const { return base + 8 * (2 + 2 * kStages + s); }
   __device__ uint32_t v_empty(int s) const { return base + 8 * (2 + 3 * kStages + s); }
+  __device__ uint32_t tile_full(int slot) const { return base + 8 * (2 + 4 * kStages + slot); }
+  __device__ uint32_t tile_empty(int slot) const { return base + 8 * (4 + 4 * kStages + slot); }
 };
 
 // Tile coordinates shared by the producer and the consumers.
@@ -110,20 +111,27 @@ struct TileOrder {
   }
 };
 
-// The tile slot: the producer warp publishes the index of each tile it starts in shared memory,
-// and each consumer warpgroup reads it there. Named barriers hand the slot over (and order its
-// plain shared-memory store and loads): per consumer warpgroup, one it waits at for a new index
-// (kTileFullBarrier + wg) and one it signals when it has read the index (kTileEmptyBarrier + wg),
-// each over that warpgroup and the producer warp. Index >= total: no tile left.
-struct TileSlot {
-  static constexpr int kThreads = 32 + 128;
-  uint32_t address;
-  __device__ void publish(int index) const {
-    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(index) : "memory");
+// The tile slots: the producer publishes the index of each tile it starts in slot j % 2 (16
+// bytes) of shared memory, and the consumers read it there. The index travels through this
+// block's slot in the workspace and a bulk copy that completes on the slot's mbarrier: the same
+// path and ordering as the tiles' data. Index >= total: no tile left.
+struct TileSlots {
+  uint32_t base;   // shared
+  int* workspace;  // this block's two global slots, 16 bytes each
+
+  __device__ static TileSlots of(const KernelParams& p, uint32_t base) {
+    return {base, p.tile_counter + kTileSlotInts * (1 + 2 * int(blockIdx.x))};
   }
-  __device__ int read() const {
+  __device__ void publish(int slot, int index, uint32_t full) const {
+    int* global_slot = workspace + kTileSlotInts * slot;
+    *reinterpret_cast<volatile int*>(global_slot) = index;
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");  // the store, before the copy reads it
+    mbarrier_arrive_expect_tx(full, 4 * kTileSlotInts);
+    bulk_load(base + 4 * kTileSlotInts * slot, global_slot, 4 * kTileSlotInts, full);
+  }
+  __device__ int read(int slot) const {
     int index;
-    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(index) : "r"(address) : "memory");
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(index) : "r"(base + 4 * kTileSlotInts * slot) : "memory");
     return index;
   }
 };
@@ -185,38 +193,34 @@ __device__ __forceinline__ int grid_blocks() {
   return n;
 }
 
-// The producer warp: its block's tile, or (persistent) publish a tile, stream it, fetch the
-// next, until none is left. Lane 0 issues the loads; the warp takes part in the slot's barriers.
+// The number of tiles, with the parameters read where it is used (as grid_blocks()).
+__device__ __forceinline__ int tiles_total(const KernelParams& p, int block_m) {
+  const auto read = [](const int& field) { return *reinterpret_cast<const volatile int*>(&field); };
+  return read(p.batch) * read(p.heads_q) * ((read(p.seqlen_q) + block_m - 1) / block_m) * read(p.num_splits);
+}
+
+// The producer thread: its block's tile, or (persistent) publish a tile, stream it, fetch the
+// next, until none is left.
 template <typename C>
 __device__ void produce(const ForwardArgs& args, uint32_t smem) {
   const KernelParams& p = args.p;
-  const bool leader = threadIdx.x == 0;
-  if (leader) {
-    tma_prefetch_map(args.q);
-    tma_prefetch_map(args.k);
-    tma_prefetch_map(args.v);
-  }
+  tma_prefetch_map(args.q);
+  tma_prefetch_map(args.k);
+  tma_prefetch_map(args.v);
   int ring = 0;
   uint32_t q_loads = 0;
   if constexpr (!C::kPersistent) {
-    if (leader) produce_index<C>(args, int(blockIdx.x), smem, ring, q_loads);
+    produce_index<C>(args, int(blockIdx.x), smem, ring, q_loads);
   } else {
-    const int total = TileOrder::of(p, C::kM).total;
-    const TileSlot slot{smem + C::kTileSlotOffset};
+    const Barriers<C::kStages> bars{smem + C::kBarrierOffset};
+    const TileSlots slots = TileSlots::of(p, smem + C::kTileSlotOffset);
     int index = int(blockIdx.x);
     for (int j = 0;; ++j) {
-      if (j > 0) {  // both consumers have read the previous index
-        for (int c = 0; c < C::kConsumers; ++c) named_barrier_sync(kTileEmptyBarrier + c, TileSlot::kThreads);
-      }
-      if (leader) slot.publish(index);
-      __syncwarp();
-      for (int c = 0; c < C::kConsumers; ++c) named_barrier_arrive(kTileFullBarrier + c, TileSlot::kThreads);
-      if (index >= total) return;
-      if (leader) {
-        produce_index<C>(args, index, smem, ring, q_loads);
-        index = atomicAdd(p.tile_counter, 1) + grid_blocks();
-      }
-      index = __shfl_sync(0xffffffffu, index, 0);
+      mbarrier_wait(bars.tile_empty(j % 2), ((j / 2) & 1) ^ 1u);
+      slots.publish(j % 2, index, bars.tile_full(j % 2));
+      if (index >= tiles_total(p, C::kM)) return;
+      produce_index<C>(args, index, smem, ring, q_loads);
+      index = atomicAdd(p.tile_counter, 1) + grid_blocks();
     }
   }
 }
@@ -421,12 +425,14 @@ __device__ void consume(const KernelParams& p, uint32_t smem, int wg) {
     consume_tile<T, kD, kGeneral>(p, smem, wg, int(blockIdx.x), ring, q_loads);
   } else {
     const int total = TileOrder::of(p, C::kM).total;
-    const TileSlot slot{smem + C::kTileSlotOffset};
-    for (;;) {
-      named_barrier_sync(kTileFullBarrier + wg, TileSlot::kThreads);
-      const int index = slot.read();
-      if (index >= total) return;  // the producer has left: no arrival owed
-      named_barrier_arrive(kTileEmptyBarrier + wg, TileSlot::kThreads);
+    const Barriers<C::kStages> bars{smem + C::kBarrierOffset};
+    const TileSlots slots = TileSlots::of(p, smem + C::kTileSlotOffset);
+    for (int j = 0;; ++j) {
+      mbarrier_wait(bars.tile_full(j % 2), (j / 2) & 1);
+      const int index = slots.read(j % 2);
+      __syncwarp();
+      if (threadIdx.x % 32 == 0) mbarrier_arrive(bars.tile_empty(j % 2));
+      if (index >= total) return;
       consume_tile<T, kD, kGeneral>(p, smem, wg, index, ring, q_loads);
     }
   }
@@ -451,6 +457,10 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads, 1)
       mbarrier_init(bars.k_empty(s), 4 * C::kConsumers);
       mbarrier_init(bars.v_empty(s), 4 * C::kConsumers);
     }
+    for (int slot = 0; slot < 2; ++slot) {
+      mbarrier_init(bars.tile_full(slot), 1);
+      mbarrier_init(bars.tile_empty(slot), 4 * C::kConsumers);
+    }
     mbarrier_init_fence();
   }
   __syncthreads();
@@ -458,7 +468,7 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads, 1)
   const int wg = int(threadIdx.x) / 128;
   if (wg == 0) {
     registers_release<C::kProducerRegisters>();
-    if (threadIdx.x < 32) produce<C>(args, smem);
+    if (threadIdx.x == 0) produce<C>(args, smem);
   } else {
     registers_claim<C::kConsumerRegisters>();
     consume<T, kD, kGeneral>(p, smem, wg - 1);
