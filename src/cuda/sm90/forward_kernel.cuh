@@ -58,7 +58,7 @@ struct ForwardConfig {
   static constexpr int kBarrierOffset = kOOffset + (kPersistent ? QTile::kBytes : 0);
   static constexpr int kBarriers = forward_barriers(kStages);
   static constexpr int kTileSlotOffset = kBarrierOffset + 8 * kBarriers;
-  static constexpr int kSmemBytes = kTileSlotOffset + 2 * 4 * kTileSlotInts + 1024;  // + slack to align the base
+  static constexpr int kSmemBytes = kTileSlotOffset + 3 * 4 * kTileSlotInts + 1024;  // + slack to align the base
   static_assert(kSmemBytes == forward_smem_bytes(kD), "the host reads the same size");
   // Register budgets after reallocation (multiples of 8; 128 * producer + 256 * consumer <= 64 K).
   static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
@@ -112,9 +112,11 @@ struct TileOrder {
 };
 
 // The tile slots: the producer publishes the index of each tile it starts in slot j % 2 (16
-// bytes) of shared memory, and the consumers read it there. The index travels through this
-// block's slot in the workspace and a bulk copy that completes on the slot's mbarrier: the same
-// path and ordering as the tiles' data. Index >= total: no tile left.
+// bytes) of shared memory, and the consumers read it there; 16 more bytes keep the producer's
+// tile total. The index travels through this block's slot in the workspace and a bulk copy that
+// completes on the slot's mbarrier: the same path and ordering as the tiles' data (a thread's
+// store would need an ordering the sanitizer's race check does not follow). Index >= total: no
+// tile left.
 struct TileSlots {
   uint32_t base;   // shared
   int* workspace;  // this block's two global slots, 16 bytes each
@@ -133,6 +135,15 @@ struct TileSlots {
     int index;
     asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(index) : "r"(base + 4 * kTileSlotInts * slot) : "memory");
     return index;
+  }
+  // The producer's own copy of the number of tiles, after the two slots.
+  __device__ void keep_total(int total) const {
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(base + 8 * kTileSlotInts), "r"(total) : "memory");
+  }
+  __device__ int kept_total() const {
+    int total;
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(total) : "r"(base + 8 * kTileSlotInts) : "memory");
+    return total;
   }
 };
 
@@ -193,12 +204,6 @@ __device__ __forceinline__ int grid_blocks() {
   return n;
 }
 
-// The number of tiles, with the parameters read where it is used (as grid_blocks()).
-__device__ __forceinline__ int tiles_total(const KernelParams& p, int block_m) {
-  const auto read = [](const int& field) { return *reinterpret_cast<const volatile int*>(&field); };
-  return read(p.batch) * read(p.heads_q) * ((read(p.seqlen_q) + block_m - 1) / block_m) * read(p.num_splits);
-}
-
 // The producer thread: its block's tile, or (persistent) publish a tile, stream it, fetch the
 // next, until none is left.
 template <typename C>
@@ -214,11 +219,12 @@ __device__ void produce(const ForwardArgs& args, uint32_t smem) {
   } else {
     const Barriers<C::kStages> bars{smem + C::kBarrierOffset};
     const TileSlots slots = TileSlots::of(p, smem + C::kTileSlotOffset);
+    slots.keep_total(TileOrder::of(p, C::kM).total);  // in shared memory: a register would spill
     int index = int(blockIdx.x);
     for (int j = 0;; ++j) {
       mbarrier_wait(bars.tile_empty(j % 2), ((j / 2) & 1) ^ 1u);
       slots.publish(j % 2, index, bars.tile_full(j % 2));
-      if (index >= tiles_total(p, C::kM)) return;
+      if (index >= slots.kept_total()) return;
       produce_index<C>(args, index, smem, ring, q_loads);
       index = atomicAdd(p.tile_counter, 1) + grid_blocks();
     }

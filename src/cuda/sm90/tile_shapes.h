@@ -55,13 +55,13 @@ constexpr int kTileSlotInts = 4;
 constexpr int64_t forward_tile_workspace_bytes(int blocks) { return 4 * kTileSlotInts * (1 + 2 * int64_t(blocks)); }
 
 // Dynamic shared memory of the forward: Q, the K and V stages, the O tile (forward_persistent),
-// the mbarriers, two tile slots, and 1 KiB of slack to align the tiles to the 1024-byte period
+// the mbarriers, two tile slots and the producer's tile total, and 1 KiB of slack to align the tiles to the 1024-byte period
 // of the swizzle.
 constexpr int forward_smem_bytes(int head_dim) {
   const ForwardShape s = forward_shape(head_dim);
   const int output = forward_persistent(head_dim) ? 2 * head_dim * s.block_m : 0;
   return 2 * head_dim * (s.block_m + 2 * s.stages * s.block_n) + output + 8 * forward_barriers(s.stages) +
-         2 * 4 * kTileSlotInts + 1024;
+         3 * 4 * kTileSlotInts + 1024;
 }
 
 }  // namespace flashattn::cuda::sm90
