@@ -290,9 +290,7 @@ struct Workspace {
         w.partial_out = take(size_t(forward.splits) * rows * forward.padded * sizeof(float));
         w.partial_lse = take(size_t(forward.splits) * rows * sizeof(float));
       }
-      if (forward.hopper)  // the counter and each block's tile slots (at most a block per multiprocessor)
-        w.tile_counter =
-            take(size_t(sm90::forward_tile_workspace_bytes(std::max(1, device_info(p.device_index).multiprocessors))));
+      if (forward.hopper) w.tile_counter = take(sizeof(int));
     } else {
       w.delta = take(rows * sizeof(float));
       w.lse_log2 = take(rows * sizeof(float));

@@ -58,7 +58,7 @@ struct ForwardConfig {
   static constexpr int kBarrierOffset = kOOffset + (kPersistent ? QTile::kBytes : 0);
   static constexpr int kBarriers = forward_barriers(kStages);
   static constexpr int kTileSlotOffset = kBarrierOffset + 8 * kBarriers;
-  static constexpr int kSmemBytes = kTileSlotOffset + 3 * 4 * kTileSlotInts + 1024;  // + slack to align the base
+  static constexpr int kSmemBytes = kTileSlotOffset + 16 + 1024;  // + slack to align the base
   static_assert(kSmemBytes == forward_smem_bytes(kD), "the host reads the same size");
   // Register budgets after reallocation (multiples of 8; 128 * producer + 256 * consumer <= 64 K).
   static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
@@ -111,40 +111,22 @@ struct TileOrder {
   }
 };
 
-// The tile slots: the producer publishes the index of each tile it starts in slot j % 2 (16
-// bytes) of shared memory, and the consumers read it there; 16 more bytes keep the producer's
-// tile total. The index travels through this block's slot in the workspace and a bulk copy that
-// completes on the slot's mbarrier: the same path and ordering as the tiles' data (a thread's
-// store would need an ordering the sanitizer's race check does not follow). Index >= total: no
-// tile left.
+// The tile slots: the producer publishes the index of each tile it starts in slot j % 2 of
+// shared memory and arrives on the slot's full barrier; every consumer thread reads it there and
+// arrives on the slot's empty barrier (each thread, as its own read precedes the next store). A
+// third int keeps the producer's tile total. Index >= total: no tile left.
 struct TileSlots {
-  uint32_t base;   // shared
-  int* workspace;  // this block's two global slots, 16 bytes each
-
-  __device__ static TileSlots of(const KernelParams& p, uint32_t base) {
-    return {base, p.tile_counter + kTileSlotInts * (1 + 2 * int(blockIdx.x))};
-  }
-  __device__ void publish(int slot, int index, uint32_t full) const {
-    int* global_slot = workspace + kTileSlotInts * slot;
-    *reinterpret_cast<volatile int*>(global_slot) = index;
-    asm volatile("fence.proxy.async.global;\n" ::: "memory");  // the store, before the copy reads it
-    mbarrier_arrive_expect_tx(full, 4 * kTileSlotInts);
-    bulk_load(base + 4 * kTileSlotInts * slot, global_slot, 4 * kTileSlotInts, full);
+  uint32_t base;
+  __device__ void publish(int slot, int index) const {
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(base + 4 * slot), "r"(index) : "memory");
   }
   __device__ int read(int slot) const {
     int index;
-    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(index) : "r"(base + 4 * kTileSlotInts * slot) : "memory");
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(index) : "r"(base + 4 * slot) : "memory");
     return index;
   }
-  // The producer's own copy of the number of tiles, after the two slots.
-  __device__ void keep_total(int total) const {
-    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(base + 8 * kTileSlotInts), "r"(total) : "memory");
-  }
-  __device__ int kept_total() const {
-    int total;
-    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(total) : "r"(base + 8 * kTileSlotInts) : "memory");
-    return total;
-  }
+  __device__ void keep_total(int total) const { publish(2, total); }
+  __device__ int kept_total() const { return read(2); }
 };
 
 // The producer thread: the K, V and Q loads of one tile. `ring` counts the key blocks streamed
@@ -218,12 +200,13 @@ __device__ void produce(const ForwardArgs& args, uint32_t smem) {
     produce_index<C>(args, int(blockIdx.x), smem, ring, q_loads);
   } else {
     const Barriers<C::kStages> bars{smem + C::kBarrierOffset};
-    const TileSlots slots = TileSlots::of(p, smem + C::kTileSlotOffset);
+    const TileSlots slots{smem + C::kTileSlotOffset};
     slots.keep_total(TileOrder::of(p, C::kM).total);  // in shared memory: a register would spill
     int index = int(blockIdx.x);
     for (int j = 0;; ++j) {
       mbarrier_wait(bars.tile_empty(j % 2), ((j / 2) & 1) ^ 1u);
-      slots.publish(j % 2, index, bars.tile_full(j % 2));
+      slots.publish(j % 2, index);
+      mbarrier_arrive(bars.tile_full(j % 2));
       if (index >= slots.kept_total()) return;
       produce_index<C>(args, index, smem, ring, q_loads);
       index = atomicAdd(p.tile_counter, 1) + grid_blocks();
@@ -432,12 +415,11 @@ __device__ void consume(const KernelParams& p, uint32_t smem, int wg) {
   } else {
     const int total = TileOrder::of(p, C::kM).total;
     const Barriers<C::kStages> bars{smem + C::kBarrierOffset};
-    const TileSlots slots = TileSlots::of(p, smem + C::kTileSlotOffset);
+    const TileSlots slots{smem + C::kTileSlotOffset};
     for (int j = 0;; ++j) {
       mbarrier_wait(bars.tile_full(j % 2), (j / 2) & 1);
       const int index = slots.read(j % 2);
-      __syncwarp();
-      if (threadIdx.x % 32 == 0) mbarrier_arrive(bars.tile_empty(j % 2));
+      mbarrier_arrive(bars.tile_empty(j % 2));
       if (index >= total) return;
       consume_tile<T, kD, kGeneral>(p, smem, wg, index, ring, q_loads);
     }
@@ -465,7 +447,7 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads, 1)
     }
     for (int slot = 0; slot < 2; ++slot) {
       mbarrier_init(bars.tile_full(slot), 1);
-      mbarrier_init(bars.tile_empty(slot), 4 * C::kConsumers);
+      mbarrier_init(bars.tile_empty(slot), 128 * C::kConsumers);  // every consumer thread reads the slot
     }
     mbarrier_init_fence();
   }

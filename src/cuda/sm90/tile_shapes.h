@@ -49,19 +49,14 @@ constexpr bool forward_persistent(int head_dim) { return head_dim <= 128; }
 // full and empty.
 constexpr int forward_barriers(int stages) { return 2 + 4 * stages + 4; }
 
-// A tile slot of the persistent forward (an index, padded to the 16 bytes of a bulk copy), in
-// ints; the workspace holds the tile counter's slot, then two per block.
-constexpr int kTileSlotInts = 4;
-constexpr int64_t forward_tile_workspace_bytes(int blocks) { return 4 * kTileSlotInts * (1 + 2 * int64_t(blocks)); }
 
 // Dynamic shared memory of the forward: Q, the K and V stages, the O tile (forward_persistent),
-// the mbarriers, two tile slots and the producer's tile total, and 1 KiB of slack to align the tiles to the 1024-byte period
+// the mbarriers, the tile slots (16 bytes), and 1 KiB of slack to align the tiles to the 1024-byte period
 // of the swizzle.
 constexpr int forward_smem_bytes(int head_dim) {
   const ForwardShape s = forward_shape(head_dim);
   const int output = forward_persistent(head_dim) ? 2 * head_dim * s.block_m : 0;
-  return 2 * head_dim * (s.block_m + 2 * s.stages * s.block_n) + output + 8 * forward_barriers(s.stages) +
-         3 * 4 * kTileSlotInts + 1024;
+  return 2 * head_dim * (s.block_m + 2 * s.stages * s.block_n) + output + 8 * forward_barriers(s.stages) + 16 + 1024;
 }
 
 }  // namespace flashattn::cuda::sm90

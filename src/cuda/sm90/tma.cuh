@@ -24,15 +24,6 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap& map
       : "memory");
 }
 
-// Copies `bytes` (a multiple of 16, 16-byte aligned) from global `src` to shared `dst`;
-// completion counts them on mbarrier `bar`. Data a thread just stored at `src` needs
-// fence.proxy.async.global between the store and the copy.
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, int bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
-               : "memory");
-}
-
 // fp32 tile of Rows x Cols in 32-column blocks (128 bytes a row) with the 128-byte swizzle: the
 // shared-memory image of Cols / 32 TMA boxes of 32 columns x Rows rows.
 template <int Rows, int Cols>
