@@ -254,6 +254,13 @@ Status supports(const Params& p) {
   if (info.compute_capability != 0 && info.compute_capability < 80)
     return unsupported("cuda:", p.device_index, " has compute capability ", info.compute_capability / 10, ".",
                        info.compute_capability % 10, "; the cuda backend needs 8.0 or newer");
+  if (!backward) {
+    const ForwardChoice forward = choose_forward(p);
+    const int64_t tiles = sm90::forward_tiles(p.batch, p.heads_q, p.seqlen_q, forward.splits, forward.block_m);
+    if (forward.hopper && tiles > sm90::kMaxForwardTiles)
+      return unsupported("batch x heads_q x query tiles = ", tiles, " exceeds the ", sm90::kMaxForwardTiles,
+                         " tiles of the sm90 forward");
+  }
   const int smem = backward ? choose_backward(p).smem : choose_forward(p).smem;
   if (info.max_smem_per_block != 0 && smem > info.max_smem_per_block)
     return unsupported("head dim=", p.head_dim, " ", backward ? "backward" : "forward", " needs ", smem,
@@ -263,7 +270,8 @@ Status supports(const Params& p) {
 
 // Workspace layout: each part 256-byte aligned.
 struct Workspace {
-  size_t partial_out = 0, partial_lse = 0, delta = 0, lse_log2 = 0, dq_accum = 0, dq_turns = 0, total = 0;
+  size_t partial_out = 0, partial_lse = 0, tile_counter = 0, delta = 0, lse_log2 = 0, dq_accum = 0, dq_turns = 0,
+         total = 0;
 
   static size_t align(size_t bytes) { return (bytes + 255) / 256 * 256; }
   static Workspace of(const Params& p, const Choice& choice) {
@@ -282,6 +290,7 @@ struct Workspace {
         w.partial_out = take(size_t(forward.splits) * rows * forward.padded * sizeof(float));
         w.partial_lse = take(size_t(forward.splits) * rows * sizeof(float));
       }
+      if (forward.hopper) w.tile_counter = take(sizeof(int));
     } else {
       w.delta = take(rows * sizeof(float));
       w.lse_log2 = take(rows * sizeof(float));
@@ -339,6 +348,7 @@ KernelParams kernel_params(const Params& p, const Choice& choice) {
       k.partial_out = reinterpret_cast<float*>(base + w.partial_out);
       k.partial_lse = reinterpret_cast<float*>(base + w.partial_lse);
     }
+    if (choice.forward.hopper) k.tile_counter = reinterpret_cast<int*>(base + w.tile_counter);
   } else {
     k.delta = reinterpret_cast<float*>(base + w.delta);
     k.lse_log2 = reinterpret_cast<float*>(base + w.lse_log2);

@@ -33,6 +33,9 @@ struct KernelParams {
   int num_splits = 1;
   float* partial_out = nullptr;  // [split][heads_q][rows_q][padded head dim]
   float* partial_lse = nullptr;  // [split][heads_q][rows_q]
+  // The persistent sm90 forward: tiles handed out so far past the grid's first ones (zeroed
+  // before each launch).
+  int* tile_counter = nullptr;
 
   // Backward workspace.
   float* delta = nullptr;     // [heads_q][rows_q]: rowsum(dO * O)

@@ -9,6 +9,12 @@
 // P V of block n + 1; across the two warpgroups, a pair of named barriers makes them take turns
 // issuing GEMMs (pingpong), so one's softmax hides under the other's matrix work. Key blocks are
 // visited last to first, so only the first ones meet the causal diagonal or the end of the keys.
+//
+// Up to d = 128 the grid is persistent (forward_persistent): one block per multiprocessor takes
+// tiles until none is left, the first by its index and the others from a counter (dynamic, so that the long and short tiles of a
+// causal mask or a varlen batch even out). The producer fetches the next tile while the
+// consumers finish the current one and streams its K, V and Q behind the current ones, so a
+// tile's start and end (latency of the first loads, the epilogue) overlap its neighbours' work.
 #pragma once
 
 #include <cuda.h>
@@ -43,12 +49,16 @@ struct ForwardConfig {
   static constexpr int kThreads = 128 * (1 + kConsumers);
   using QTile = SwizzledTile<kM, kD>;
   using KVTile = SwizzledTile<kN, kD>;
-  // Shared memory: Q, K stages, V stages, then the mbarriers; 1024-byte aligned tiles.
+  // Shared memory: Q, K stages, V stages, the O tile (persistent only; otherwise O goes through
+  // Q's tile), then the mbarriers and the two tile slots; 1024-byte aligned tiles.
+  static constexpr bool kPersistent = forward_persistent(kD);  // and O staged in a tile of its own
   static constexpr int kKOffset = QTile::kBytes;
   static constexpr int kVOffset = kKOffset + kStages * KVTile::kBytes;
-  static constexpr int kBarrierOffset = kVOffset + kStages * KVTile::kBytes;
-  static constexpr int kBarriers = 1 + 4 * kStages;
-  static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;  // + slack to align the base
+  static constexpr int kOOffset = kVOffset + kStages * KVTile::kBytes;
+  static constexpr int kBarrierOffset = kOOffset + (kPersistent ? QTile::kBytes : 0);
+  static constexpr int kBarriers = forward_barriers(kStages);
+  static constexpr int kTileSlotOffset = kBarrierOffset + 8 * kBarriers;
+  static constexpr int kSmemBytes = kTileSlotOffset + 16 + 1024;  // + slack to align the base
   static_assert(kSmemBytes == forward_smem_bytes(kD), "the host reads the same size");
   // Register budgets after reallocation (multiples of 8; 128 * producer + 256 * consumer <= 64 K).
   static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
@@ -65,37 +75,72 @@ template <int kStages>
 struct Barriers {
   uint32_t base;
   __device__ uint32_t q_full() const { return base; }
-  __device__ uint32_t k_full(int s) const { return base + 8 * (1 + s); }
-  __device__ uint32_t k_empty(int s) const { return base + 8 * (1 + kStages + s); }
-  __device__ uint32_t v_full(int s) const { return base + 8 * (1 + 2 * kStages + s); }
-  __device__ uint32_t v_empty(int s) const { return base + 8 * (1 + 3 * kStages + s); }
+  __device__ uint32_t q_empty() const { return base + 8; }
+  __device__ uint32_t k_full(int s) const { return base + 8 * (2 + s); }
+  __device__ uint32_t k_empty(int s) const { return base + 8 * (2 + kStages + s); }
+  __device__ uint32_t v_full(int s) const { return base + 8 * (2 + 2 * kStages + s); }
+  __device__ uint32_t v_empty(int s) const { return base + 8 * (2 + 3 * kStages + s); }
+  __device__ uint32_t tile_full(int slot) const { return base + 8 * (2 + 4 * kStages + slot); }
+  __device__ uint32_t tile_empty(int slot) const { return base + 8 * (4 + 4 * kStages + slot); }
 };
 
-// Block coordinates shared by the producer and the consumers.
+// Tile coordinates shared by the producer and the consumers.
 struct ForwardTile {
   int b, h, m0, split;
   Sequence seq;
 };
 
+// The tiles of a call in the order of forward_tile_at (tile_shapes.h); varlen batches number
+// max_seqlen_q's tiles for every sequence, and the ones past a sequence's end are skipped.
+struct TileOrder {
+  int m_blocks, splits, total;
+
+  __device__ static TileOrder of(const KernelParams& p, int block_m) {
+    const int m_blocks = (p.seqlen_q + block_m - 1) / block_m;
+    return {m_blocks, p.num_splits, p.batch * p.heads_q * m_blocks * p.num_splits};
+  }
+  __device__ ForwardTile tile(const KernelParams& p, int index, int block_m) const {
+    const ForwardTileCoordinates c = forward_tile_at(index, p.heads_q, m_blocks, splits);
+    ForwardTile t;
+    t.b = c.b;
+    t.h = c.h;
+    t.m0 = c.m_block * block_m;
+    t.split = c.split;
+    t.seq = Sequence::of(p, t.b);
+    return t;
+  }
+};
+
+// The tile slots: the producer publishes the index of each tile it starts in slot j % 2 of
+// shared memory and arrives on the slot's full barrier; every consumer thread reads it there and
+// arrives on the slot's empty barrier (each thread, as its own read precedes the next store). A
+// third int keeps the producer's tile total. Index >= total: no tile left.
+struct TileSlots {
+  uint32_t base;
+  __device__ void publish(int slot, int index) const {
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(base + 4 * slot), "r"(index) : "memory");
+  }
+  __device__ int read(int slot) const {
+    int index;
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(index) : "r"(base + 4 * slot) : "memory");
+    return index;
+  }
+  __device__ void keep_total(int total) const { publish(2, total); }
+  __device__ int kept_total() const { return read(2); }
+};
+
+// The producer thread: the K, V and Q loads of one tile. `ring` counts the key blocks streamed
+// so far (the ring's position), `q_loads` the Q tiles loaded so far.
 template <typename C>
-__device__ void produce(const ForwardArgs& args, const ForwardTile& t, KeyBlocks blocks, uint32_t smem,
-                        const Barriers<C::kStages>& bars) {
+__device__ void produce_tile(const ForwardArgs& args, const ForwardTile& t, KeyBlocks blocks, uint32_t smem,
+                             const Barriers<C::kStages>& bars, int& ring, uint32_t& q_loads) {
   const KernelParams& p = args.p;
-  tma_prefetch_map(args.q);
-  tma_prefetch_map(args.k);
-  tma_prefetch_map(args.v);
-  if (blocks.begin >= blocks.end) return;
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int batch = varlen ? 0 : t.b;  // varlen maps are one batch of packed rows
   const int hk = t.h / p.group;
-  mbarrier_arrive_expect_tx(bars.q_full(), C::QTile::kBytes);
-#pragma unroll
-  for (int cb = 0; cb < C::QTile::kCols / 64; ++cb)
-    tma_load_4d(smem + cb * C::QTile::kBlockBytes, args.q, bars.q_full(), cb * 64, int(t.seq.q_start) + t.m0, t.h,
-                batch);
-  int i = 0;
-  for (int n = blocks.end - 1; n >= blocks.begin; --n, ++i) {
-    const RingSlot<C::kStages> slot = RingSlot<C::kStages>::of(i);
+#pragma unroll 1
+  for (int n = blocks.end - 1; n >= blocks.begin; --n, ++ring) {
+    const RingSlot<C::kStages> slot = RingSlot<C::kStages>::of(ring);
     const int row = int(t.seq.k_start) + n * C::kN;
     const uint32_t k_tile = smem + C::kKOffset + slot.stage * C::KVTile::kBytes;
     const uint32_t v_tile = smem + C::kVOffset + slot.stage * C::KVTile::kBytes;
@@ -104,11 +149,68 @@ __device__ void produce(const ForwardArgs& args, const ForwardTile& t, KeyBlocks
 #pragma unroll
     for (int cb = 0; cb < C::KVTile::kCols / 64; ++cb)
       tma_load_4d(k_tile + cb * C::KVTile::kBlockBytes, args.k, bars.k_full(slot.stage), cb * 64, row, hk, batch);
+    if (n == blocks.end - 1) {
+      // Q after the first K: the previous tile's consumers may still be reading Q's tile.
+      mbarrier_wait(bars.q_empty(), (q_loads & 1u) ^ 1u);
+      mbarrier_arrive_expect_tx(bars.q_full(), C::QTile::kBytes);
+#pragma unroll
+      for (int cb = 0; cb < C::QTile::kCols / 64; ++cb)
+        tma_load_4d(smem + cb * C::QTile::kBlockBytes, args.q, bars.q_full(), cb * 64, int(t.seq.q_start) + t.m0,
+                    t.h, batch);
+      ++q_loads;
+    }
     mbarrier_wait(bars.v_empty(slot.stage), slot.parity ^ 1u);
     mbarrier_arrive_expect_tx(bars.v_full(slot.stage), C::KVTile::kBytes);
 #pragma unroll
     for (int cb = 0; cb < C::KVTile::kCols / 64; ++cb)
       tma_load_4d(v_tile + cb * C::KVTile::kBlockBytes, args.v, bars.v_full(slot.stage), cb * 64, row, hk, batch);
+  }
+}
+
+// The producer thread's work on tile `index`.
+template <typename C>
+__device__ void produce_index(const ForwardArgs& args, int index, uint32_t smem, int& ring, uint32_t& q_loads) {
+  const KernelParams& p = args.p;
+  const ForwardTile t = TileOrder::of(p, C::kM).tile(p, index, C::kM);
+  if (t.m0 >= t.seq.seqlen_q) return;
+  const ScoreRule rule = ScoreRule::make(p, t.seq, t.b, t.h);
+  produce_tile<C>(args, t, KeyBlocks::of(rule, t.seq, t.m0, C::kM, C::kN, p.num_splits, t.split), smem,
+                  Barriers<C::kStages>{smem + C::kBarrierOffset}, ring, q_loads);
+}
+
+// gridDim.x read where it is used: hoisted out of the producer's loop, it costs a spill at the
+// producer's 24 registers.
+__device__ __forceinline__ int grid_blocks() {
+  int n;
+  asm volatile("mov.u32 %0, %%nctaid.x;\n" : "=r"(n));
+  return n;
+}
+
+// The producer thread: its block's tile, or (persistent) publish a tile, stream it, fetch the
+// next, until none is left.
+template <typename C>
+__device__ void produce(const ForwardArgs& args, uint32_t smem) {
+  const KernelParams& p = args.p;
+  tma_prefetch_map(args.q);
+  tma_prefetch_map(args.k);
+  tma_prefetch_map(args.v);
+  int ring = 0;
+  uint32_t q_loads = 0;
+  if constexpr (!C::kPersistent) {
+    produce_index<C>(args, int(blockIdx.x), smem, ring, q_loads);
+  } else {
+    const Barriers<C::kStages> bars{smem + C::kBarrierOffset};
+    const TileSlots slots{smem + C::kTileSlotOffset};
+    slots.keep_total(TileOrder::of(p, C::kM).total);  // in shared memory: a register would spill
+    int index = int(blockIdx.x);
+    for (int j = 0;; ++j) {
+      mbarrier_wait(bars.tile_empty(j % 2), ((j / 2) & 1) ^ 1u);
+      slots.publish(j % 2, index);
+      mbarrier_arrive(bars.tile_full(j % 2));
+      if (index >= slots.kept_total()) return;
+      produce_index<C>(args, index, smem, ring, q_loads);
+      index = atomicAdd(p.tile_counter, 1) + grid_blocks();
+    }
   }
 }
 
@@ -120,8 +222,8 @@ struct Consumer {
   using Elem = typename T::storage;
 
   const KernelParams& p;
-  const ForwardTile& t;
   const ScoreRule& rule;
+  int m0;           // first query row of the tile
   uint32_t smem;
   Barriers<C::kStages> bars;
   int wg;           // consumer index
@@ -162,7 +264,7 @@ struct Consumer {
   __device__ void softmax(float (&s)[kN / 8][4], int n, float (&correction)[2]) {
     const int64_t j0 = int64_t(n) * kN;
     if (kGeneral) forward_detail::transform_scores(s, rule, row0, j0);
-    if (!rule.block_unmasked(t.m0 + 64 * wg, 64, j0, kN)) forward_detail::apply_mask(s, rule.window, row0, int(j0));
+    if (!rule.block_unmasked(m0 + 64 * wg, 64, j0, kN)) forward_detail::apply_mask(s, rule.window, row0, int(j0));
     forward_detail::exponentiate_scores(s, row_max, row_sum, kGeneral ? 1.f : rule.exp_scale, correction);
   }
 
@@ -171,16 +273,18 @@ struct Consumer {
     for (int kk = 0; kk < kN / 16; ++kk) accumulators_to_a<T>(s[2 * kk], s[2 * kk + 1], pa[kk]);
   }
 
-  __device__ void run(KeyBlocks blocks) {
+  // The key blocks of the tile; `ring`: the ring position of its first block, `q_parity`: the
+  // phase of its Q load.
+  __device__ void run(KeyBlocks blocks, int ring, uint32_t q_parity) {
     if (blocks.begin >= blocks.end) return;
     if (C::kPingpong && wg == 1) named_barrier_arrive(kTurnBarrier + 0, 256);  // consumer 0 goes first
-    mbarrier_wait(bars.q_full(), 0);
+    mbarrier_wait(bars.q_full(), q_parity);
     float s[kN / 8][4];
     uint32_t pa[kN / 16][4];
     float correction[2];
 
     // First key block: S only.
-    RingSlot<C::kStages> slot = RingSlot<C::kStages>::of(0);
+    RingSlot<C::kStages> slot = RingSlot<C::kStages>::of(ring);
     mbarrier_wait(bars.k_full(slot.stage), slot.parity);
     take_turn();
     wgmma_fence();
@@ -195,7 +299,8 @@ struct Consumer {
     // Then S of block n beside O += P V of block n + 1.
     int i = 0;
     for (int n = blocks.end - 2; n >= blocks.begin; --n, ++i) {
-      const RingSlot<C::kStages> k_slot = RingSlot<C::kStages>::of(i + 1), v_slot = RingSlot<C::kStages>::of(i);
+      const RingSlot<C::kStages> k_slot = RingSlot<C::kStages>::of(ring + i + 1),
+                                 v_slot = RingSlot<C::kStages>::of(ring + i);
       mbarrier_wait(bars.k_full(k_slot.stage), k_slot.parity);
       take_turn();
       wgmma_fence();
@@ -214,8 +319,11 @@ struct Consumer {
       to_operand(s, pa);
     }
 
+    // Every S = Q K^T of the tile is done: with O staged elsewhere, Q's tile is free.
+    if (C::kPersistent) release(bars.q_empty());
+
     // Last P V. Consumer 1 passes no turn: consumer 0 takes none after this.
-    slot = RingSlot<C::kStages>::of(i);
+    slot = RingSlot<C::kStages>::of(ring + i);
     mbarrier_wait(bars.v_full(slot.stage), slot.parity);
     take_turn();
     wgmma_fence();
@@ -226,39 +334,97 @@ struct Consumer {
     release(bars.v_empty(slot.stage));
   }
 
-  // O / l and lse; then O through this warpgroup's rows of the Q tile to coalesced 16-byte stores,
-  // or fp32 partials straight from registers when the keys are split.
-  __device__ void finish() {
+  // O / l and lse; then O through this warpgroup's rows of the O tile (or of Q's, then released)
+  // to coalesced 16-byte stores, or fp32 partials straight from registers when the keys are
+  // split. A tile without keys writes zeros without staging: its Q's tile was never loaded.
+  __device__ void finish(const ForwardTile& t, bool had_keys) {
     const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
     float lse[2];
     forward_detail::normalize_rows(o, row_max, row_sum, rule.exp_scale, p.dropout_inv_keep, lse);
+    using QTile = typename C::QTile;
+    constexpr int kChunksPerRow = kD / 8;
+    const int wg_row = 64 * wg, warp_row = wg_row + 16 * ((threadIdx.x % 128) / 32);
+    Elem* out_rows = operand_row<Elem>(p.out, t.b, t.seq.q_start + t.m0 + wg_row, t.h);
     if (p.num_splits > 1) {
       const int64_t head_rows = (int64_t(t.split) * p.heads_q + t.h) * p.rows_q + t.seq.packed_q;
       forward_detail::store_partials(p, head_rows, row0, t.seq.seqlen_q, o, lse);
-      return;
-    }
-    forward_detail::store_lse(p, t.b, t.h, t.seq, row0, lse);
-    using QTile = typename C::QTile;
-    const int wg_row = 64 * wg, warp_row = wg_row + 16 * ((threadIdx.x % 128) / 32);
-    unsigned char* tile = reinterpret_cast<unsigned char*>(__cvta_shared_to_generic(smem));
+    } else if (!had_keys) {
+      forward_detail::store_lse(p, t.b, t.h, t.seq, row0, lse);
+      for (int c = threadIdx.x % 128; c < 64 * kChunksPerRow; c += 128) {
+        const int row = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+        if (t.m0 + wg_row + row < t.seq.seqlen_q && col < p.head_dim)
+          *reinterpret_cast<uint4*>(out_rows + row * p.out.row + col) = make_uint4(0, 0, 0, 0);
+      }
+    } else {
+      forward_detail::store_lse(p, t.b, t.h, t.seq, row0, lse);
+      const uint32_t staging = smem + (C::kPersistent ? C::kOOffset : 0);
+      unsigned char* tile = reinterpret_cast<unsigned char*>(__cvta_shared_to_generic(staging));
+      named_barrier_sync(kEpilogueBarrier + wg, 128);  // the previous tile's stores have read the tile
 #pragma unroll
-    for (int dt = 0; dt < kD / 8; ++dt)
+      for (int dt = 0; dt < kD / 8; ++dt)
 #pragma unroll
-      for (int half = 0; half < 2; ++half)
-        *reinterpret_cast<uint32_t*>(tile + QTile::offset(warp_row + g + 8 * half, dt * 8 + 2 * q)) =
-            pack2<T>(o[dt][2 * half], o[dt][2 * half + 1]);
-    named_barrier_sync(kEpilogueBarrier + wg, 128);
-    constexpr int kChunksPerRow = kD / 8;
-    Elem* out_rows = operand_row<Elem>(p.out, t.b, t.seq.q_start + t.m0 + wg_row, t.h);
+        for (int half = 0; half < 2; ++half)
+          *reinterpret_cast<uint32_t*>(tile + QTile::offset(warp_row + g + 8 * half, dt * 8 + 2 * q)) =
+              pack2<T>(o[dt][2 * half], o[dt][2 * half + 1]);
+      named_barrier_sync(kEpilogueBarrier + wg, 128);
 #pragma unroll 4
-    for (int c = threadIdx.x % 128; c < 64 * kChunksPerRow; c += 128) {
-      const int row = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
-      if (t.m0 + wg_row + row < t.seq.seqlen_q && col < p.head_dim)
-        *reinterpret_cast<uint4*>(out_rows + row * p.out.row + col) =
-            *reinterpret_cast<const uint4*>(tile + QTile::offset(wg_row + row, col));
+      for (int c = threadIdx.x % 128; c < 64 * kChunksPerRow; c += 128) {
+        const int row = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+        if (t.m0 + wg_row + row < t.seq.seqlen_q && col < p.head_dim)
+          *reinterpret_cast<uint4*>(out_rows + row * p.out.row + col) =
+              *reinterpret_cast<const uint4*>(tile + QTile::offset(wg_row + row, col));
+      }
+    }
+    if (!C::kPersistent && had_keys) {
+      // This warp is done with Q's tile; its writes there precede the next Q's TMA writes.
+      __syncwarp();
+      fence_async_shared();
+      release(bars.q_empty());
     }
   }
 };
+
+// One consumer warpgroup's work on tile `index`; `ring` and `q_loads` advance past it.
+template <typename T, int kD, bool kGeneral>
+__device__ void consume_tile(const KernelParams& p, uint32_t smem, int wg, int index, int& ring, uint32_t& q_loads) {
+  using C = ForwardConfig<T, kD>;
+  const TileOrder order = TileOrder::of(p, C::kM);
+  const ForwardTile t = order.tile(p, index, C::kM);
+  if (t.m0 >= t.seq.seqlen_q) return;
+  const ScoreRule rule = ScoreRule::make(p, t.seq, t.b, t.h);
+  const KeyBlocks blocks = KeyBlocks::of(rule, t.seq, t.m0, C::kM, C::kN, p.num_splits, t.split);
+  const bool had_keys = blocks.begin < blocks.end;
+  const int row0 = t.m0 + 64 * wg + 16 * ((int(threadIdx.x) % 128) / 32);
+  Consumer<T, kD, kGeneral> consumer{p, rule, t.m0, smem, Barriers<C::kStages>{smem + C::kBarrierOffset}, wg, row0};
+  consumer.run(blocks, ring, q_loads & 1u);
+  consumer.finish(order.tile(p, index, C::kM), had_keys);  // recomputed: t need not live through run()
+  if (had_keys) {
+    ring += blocks.end - blocks.begin;
+    ++q_loads;
+  }
+}
+
+// One consumer warpgroup: its block's tile, or (persistent) the tiles the producer publishes.
+template <typename T, int kD, bool kGeneral>
+__device__ void consume(const KernelParams& p, uint32_t smem, int wg) {
+  using C = ForwardConfig<T, kD>;
+  int ring = 0;
+  uint32_t q_loads = 0;
+  if constexpr (!C::kPersistent) {
+    consume_tile<T, kD, kGeneral>(p, smem, wg, int(blockIdx.x), ring, q_loads);
+  } else {
+    const int total = TileOrder::of(p, C::kM).total;
+    const Barriers<C::kStages> bars{smem + C::kBarrierOffset};
+    const TileSlots slots{smem + C::kTileSlotOffset};
+    for (int j = 0;; ++j) {
+      mbarrier_wait(bars.tile_full(j % 2), (j / 2) & 1);
+      const int index = slots.read(j % 2);
+      mbarrier_arrive(bars.tile_empty(j % 2));
+      if (index >= total) return;
+      consume_tile<T, kD, kGeneral>(p, smem, wg, index, ring, q_loads);
+    }
+  }
+}
 
 // kGeneral: scores need ScoreRule::transform (softcap, ALiBi, non-positive scale).
 template <typename T, int kD, bool kGeneral>
@@ -269,25 +435,19 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads, 1)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t smem = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
 
-  const int m_blocks = (p.seqlen_q + C::kM - 1) / C::kM;
-  ForwardTile t;
-  t.m0 = (m_blocks - 1 - int(blockIdx.x) % m_blocks) * C::kM;  // causal: longest tiles first
-  t.split = int(blockIdx.x) / m_blocks;
-  t.h = blockIdx.y;
-  t.b = blockIdx.z;
-  t.seq = Sequence::of(p, t.b);
-  if (t.m0 >= t.seq.seqlen_q) return;
-  const ScoreRule rule = ScoreRule::make(p, t.seq, t.b, t.h);
-  const KeyBlocks blocks = KeyBlocks::of(rule, t.seq, t.m0, C::kM, C::kN, p.num_splits, t.split);
-
-  const Barriers<C::kStages> bars{smem + C::kBarrierOffset};
   if (threadIdx.x == 0) {
+    const Barriers<C::kStages> bars{smem + C::kBarrierOffset};
     mbarrier_init(bars.q_full(), 1);
+    mbarrier_init(bars.q_empty(), 4 * C::kConsumers);
     for (int s = 0; s < C::kStages; ++s) {
       mbarrier_init(bars.k_full(s), 1);
       mbarrier_init(bars.v_full(s), 1);
       mbarrier_init(bars.k_empty(s), 4 * C::kConsumers);
       mbarrier_init(bars.v_empty(s), 4 * C::kConsumers);
+    }
+    for (int slot = 0; slot < 2; ++slot) {
+      mbarrier_init(bars.tile_full(slot), 1);
+      mbarrier_init(bars.tile_empty(slot), 128 * C::kConsumers);  // every consumer thread reads the slot
     }
     mbarrier_init_fence();
   }
@@ -296,13 +456,10 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads, 1)
   const int wg = int(threadIdx.x) / 128;
   if (wg == 0) {
     registers_release<C::kProducerRegisters>();
-    if (threadIdx.x == 0) produce<C>(args, t, blocks, smem, bars);
+    if (threadIdx.x == 0) produce<C>(args, smem);
   } else {
     registers_claim<C::kConsumerRegisters>();
-    const int row0 = t.m0 + 64 * (wg - 1) + 16 * ((int(threadIdx.x) % 128) / 32);
-    Consumer<T, kD, kGeneral> consumer{p, t, rule, smem, bars, wg - 1, row0};
-    consumer.run(blocks);
-    consumer.finish();
+    consume<T, kD, kGeneral>(p, smem, wg - 1);
   }
 }
 

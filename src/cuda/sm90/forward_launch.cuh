@@ -2,8 +2,10 @@
 // kernel, then the sm80 combine kernel when the keys were split.
 #pragma once
 
+#include <algorithm>
 #include <type_traits>
 
+#include "cuda/device.h"
 #include "cuda/launch.h"
 #include "cuda/sm90/forward_kernel.cuh"
 #include "cuda/sm90/tensor_map.h"
@@ -22,9 +24,18 @@ Status launch_forward(const KernelParams& p, cudaStream_t stream) {
   const auto kernel = ScoreRule::is_general(p) ? forward_kernel<T, kD, true> : forward_kernel<T, kD, false>;
   FA_TRY(device_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes),
                        "cudaFuncSetAttribute(sm90 forward_kernel)"));
-  const int m_blocks = (p.seqlen_q + C::kM - 1) / C::kM;
-  const dim3 grid(unsigned(m_blocks * p.num_splits), unsigned(p.heads_q), unsigned(p.batch));
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(args);
+  // Persistent: one block per multiprocessor (or per tile, if fewer), the tile counter zeroed;
+  // otherwise one block per tile.
+  const int64_t tiles = forward_tiles(p.batch, p.heads_q, p.seqlen_q, p.num_splits, C::kM);
+  if (tiles == 0) return Status::ok();
+  int blocks = int(tiles);
+  if constexpr (C::kPersistent) {
+    int device = 0;
+    FA_TRY(device_status(cudaGetDevice(&device), "cudaGetDevice"));
+    blocks = int(std::min<int64_t>(tiles, std::max(1, device_info(device).multiprocessors)));
+    FA_TRY(device_status(cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream), "cudaMemsetAsync(tile_counter)"));
+  }
+  kernel<<<blocks, C::kThreads, C::kSmemBytes, stream>>>(args);
   FA_TRY(device_status(cudaGetLastError(), "sm90 forward_kernel launch"));
   if (p.num_splits > 1) return launch_combine<T>(p, kD, stream);
   return Status::ok();

@@ -21,12 +21,42 @@ constexpr ForwardShape forward_shape(int head_dim) {
                            : ForwardShape{128, 64, 2, false};
 }
 
-// Dynamic shared memory of the forward: Q, the K and V stages, the mbarriers, and 1 KiB of
-// slack to align the tiles to the 1024-byte period of the swizzle.
+// Tiles of a forward (query tiles x heads x batch x key splits), which the persistent kernel
+// numbers in an int.
+constexpr int64_t forward_tiles(int64_t batch, int64_t heads_q, int64_t seqlen_q, int64_t splits, int block_m) {
+  return batch * heads_q * ((seqlen_q + block_m - 1) / block_m) * splits;
+}
+// Tile `index` of the persistent forward: head-major (the tiles of one head run at the same time
+// and share its K and V in L2), a head's query tiles last-first (under a causal mask the longest
+// first), key splits innermost.
+struct ForwardTileCoordinates {
+  int b, h, m_block, split;
+};
+constexpr ForwardTileCoordinates forward_tile_at(int index, int heads_q, int m_blocks, int splits) {
+  const int head = index / splits / m_blocks;
+  return {head / heads_q, head % heads_q, m_blocks - 1 - index / splits % m_blocks, index % splits};
+}
+constexpr int64_t kMaxForwardTiles = (int64_t(1) << 31) - (int64_t(1) << 20);  // room for the grid past the last
+
+// Up to d = 128 the forward is persistent (one block per multiprocessor takes tiles from a
+// counter) and stages O in a tile of its own, so that the next tile's Q can land while this
+// tile's output is written. Above, the output accumulators (d / 2 registers a thread) leave no
+// room for the loop's state, nor shared memory for an O tile: one tile per block, O through Q's
+// tile.
+constexpr bool forward_persistent(int head_dim) { return head_dim <= 128; }
+
+// mbarriers of the forward: Q full and empty, K and V full and empty per stage, two tile slots'
+// full and empty.
+constexpr int forward_barriers(int stages) { return 2 + 4 * stages + 4; }
+
+
+// Dynamic shared memory of the forward: Q, the K and V stages, the O tile (forward_persistent),
+// the mbarriers, the tile slots (16 bytes), and 1 KiB of slack to align the tiles to the 1024-byte period
+// of the swizzle.
 constexpr int forward_smem_bytes(int head_dim) {
   const ForwardShape s = forward_shape(head_dim);
-  const int barriers = 1 + 4 * s.stages;
-  return 2 * head_dim * (s.block_m + 2 * s.stages * s.block_n) + 8 * barriers + 1024;
+  const int output = forward_persistent(head_dim) ? 2 * head_dim * s.block_m : 0;
+  return 2 * head_dim * (s.block_m + 2 * s.stages * s.block_n) + output + 8 * forward_barriers(s.stages) + 16 + 1024;
 }
 
 }  // namespace flashattn::cuda::sm90

@@ -1,0 +1,40 @@
+// The tile order of the persistent sm90 forward (cuda/sm90/tile_shapes.h): every tile exactly
+// once, head-major, a head's query tiles last-first, splits innermost.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <tuple>
+
+#include "cuda/sm90/tile_shapes.h"
+
+namespace {
+
+using flashattn::cuda::sm90::forward_tile_at;
+
+TEST(ForwardTileOrder, VisitsEveryTileOnceHeadMajorLongestFirst) {
+  for (const auto& [batch, heads, m_blocks, splits] :
+       {std::tuple{1, 1, 1, 1}, std::tuple{3, 5, 7, 1}, std::tuple{2, 3, 4, 3}, std::tuple{4, 1, 9, 2}}) {
+    std::set<std::tuple<int, int, int, int>> seen;
+    int previous_head = 0, previous_m = m_blocks;
+    for (int index = 0; index < batch * heads * m_blocks * splits; ++index) {
+      const auto c = forward_tile_at(index, heads, m_blocks, splits);
+      ASSERT_TRUE(c.b >= 0 && c.b < batch && c.h >= 0 && c.h < heads && c.m_block >= 0 && c.m_block < m_blocks &&
+                  c.split >= 0 && c.split < splits)
+          << "index " << index;
+      EXPECT_TRUE(seen.insert({c.b, c.h, c.m_block, c.split}).second) << "index " << index << " repeats a tile";
+      const int head = c.b * heads + c.h;
+      EXPECT_GE(head, previous_head) << "index " << index << ": heads out of order";
+      if (head == previous_head && c.split == 0) {
+        EXPECT_LT(c.m_block, previous_m) << "index " << index;
+      }
+      if (head != previous_head) {
+        EXPECT_EQ(c.m_block, m_blocks - 1) << "index " << index << ": not longest first";
+      }
+      previous_head = head;
+      previous_m = c.m_block;
+    }
+    EXPECT_EQ(int(seen.size()), batch * heads * m_blocks * splits);
+  }
+}
+
+}  // namespace
