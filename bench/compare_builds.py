@@ -1,11 +1,13 @@
 """Benchmarks several builds of flashattn in one run on one GPU, side by side.
 
-    python bench/compare_builds.py OUT SOURCE [SOURCE ...] [--head-dims 64,128] [--full] [--tests]
+    python bench/compare_builds.py OUT SOURCE [SOURCE ...] [--head-dims 64,128] [--full] [--tests | --check]
 
 Each SOURCE is a source tree (a folder with CMakeLists.txt) or a git ref of this repository,
 exported with `git archive`. All are built at once into OUT/<name>/build (the head dims measured;
 CUDA architectures from FLASHATTN_CUDA_ARCHS, default 90; with --tests the CUDA test binary too,
-OUT/<name>/build/tests/cuda/flashattn_cuda_tests), then measured one after the other with
+OUT/<name>/build/tests/cuda/flashattn_cuda_tests; with --check that binary also runs, whole and
+under compute-sanitizer memcheck and racecheck on a subset, before the benchmarks, and a line per
+build says how each check went), then measured one after the other with
 bench/bench_cuda.py (--quick unless --full);
 the tables land in OUT/<name>/bench.md and a side-by-side table of the forward, backward and
 deterministic backward of every build, with cuDNN's from the first build's run, is printed at the
@@ -21,6 +23,12 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# --check: the sanitizers' subset (primitives, one case per feature family, many-tile and
+# head-dim cases of both passes) and a time limit per check that turns a hang into a failure.
+SANITIZED = ("CudaPrimitives.*:Sm90Primitives.*:Bfloat16/*/square_17:Bfloat16/*/causal_more_queries:"
+             "Bfloat16/*/varlen_with_empty_sequences:Bfloat16/*/everything:Bfloat16/*/head_dim_128:"
+             "Bfloat16/*/head_dim_256:*/*Forward*/many_tiles_causal_gqa:Bfloat16/*/varlen_many_tiles_causal")
+CHECK_SECONDS = 300
 
 
 def run(cmd, log):
@@ -52,6 +60,22 @@ def build(src, build_dir, head_dims, tests, jobs, log):
     return run(configure, log) and run(["cmake", "--build", build_dir, "-j", str(jobs), "--target", *targets], log)
 
 
+def check(folder, log):
+    """Runs the build's CUDA tests, then memcheck and racecheck on SANITIZED: 'name ok/FAILED' each."""
+    binary = os.path.join(folder, "build", "tests", "cuda", "flashattn_cuda_tests")
+    checks = [("tests", [binary, "--gtest_brief=1"])] + [
+        (tool, ["compute-sanitizer", "--tool", tool, "--error-exitcode", "1", binary, f"--gtest_filter={SANITIZED}"])
+        for tool in ("memcheck", "racecheck")]
+    verdicts = []
+    for name, cmd in checks:
+        try:
+            ok = run(["timeout", str(CHECK_SECONDS)] + cmd, log)
+        except FileNotFoundError:
+            ok = False
+        verdicts.append(f"{name} {'ok' if ok else 'FAILED'}")
+    return ", ".join(verdicts)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out")
@@ -59,7 +83,10 @@ def main():
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--full", action="store_true", help="every N of bench_cuda.py, not --quick")
     ap.add_argument("--tests", action="store_true", help="build each source's CUDA test binary too")
+    ap.add_argument("--check", action="store_true",
+                    help="build and run each source's CUDA tests, and memcheck and racecheck on a subset")
     args = ap.parse_args()
+    args.tests = args.tests or args.check
     os.makedirs(args.out, exist_ok=True)
 
     trees = [source_tree(source, args.out) for source in args.sources]  # (name, source folder)
@@ -73,6 +100,12 @@ def main():
 
     with concurrent.futures.ThreadPoolExecutor(len(trees)) as pool:
         built = list(pool.map(build_tree, trees, folders))
+
+    if args.check:  # one build at a time: the GPU is not shared with a benchmark
+        for (name, _), folder, ok in zip(trees, folders, built):
+            if ok:
+                print(f"{name}: {check(folder, os.path.join(folder, 'check.txt'))} (log: {folder}/check.txt)",
+                      file=sys.stderr)
 
     results = []  # (name, {(d, n, causal): row})
     for (name, _), folder, ok in zip(trees, folders, built):
