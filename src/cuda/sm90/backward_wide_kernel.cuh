@@ -216,13 +216,17 @@ struct WideBackwardConsumer {
     mbarrier_wait(bars.dq_empty(wg), (uint32_t(rounds) & 1u) ^ 1u);
     const int lane = threadIdx.x % 32, row = 16 * ((threadIdx.x % 128) / 32) + lane / 4;
     const uint32_t tile = smem + C::kDqOffset + wg * C::DqTile::kBytes;
+    const bool swapped = dq_store_group(0, lane) != 0;  // stores group j ^ 2 in pass j: no bank conflicts
 #pragma unroll
     for (int j = 0; j < kRoundCols / 8; ++j)
 #pragma unroll
-      for (int half = 0; half < 2; ++half)
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(
-                         tile + C::DqTile::offset(row + 8 * half, 8 * j + 2 * (lane % 4))),
-                     "f"(dq[j][2 * half]), "f"(dq[j][2 * half + 1]));
+      for (int half = 0; half < 2; ++half) {
+        const float x = swapped ? dq[j ^ 2][2 * half] : dq[j][2 * half];
+        const float y = swapped ? dq[j ^ 2][2 * half + 1] : dq[j][2 * half + 1];
+        const int col = 8 * dq_store_group(j, lane) + 2 * (lane % 4);
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(tile + C::DqTile::offset(row + 8 * half, col)), "f"(x),
+                     "f"(y));
+      }
     fence_async_shared();
     mbarrier_arrive(bars.dq_full(wg));
     ++rounds;

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "cuda/sm90/float_tile.h"
+
 namespace flashattn::cuda::sm90 {
 
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap& map) {
@@ -23,18 +25,6 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap& map
       "l"(reinterpret_cast<uint64_t>(&map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
 }
-
-// fp32 tile of Rows x Cols in 32-column blocks (128 bytes a row) with the 128-byte swizzle: the
-// shared-memory image of Cols / 32 TMA boxes of 32 columns x Rows rows.
-template <int Rows, int Cols>
-struct SwizzledFloatTile {
-  static_assert(Cols % 32 == 0 && Rows % 8 == 0, "whole 32-column blocks of whole 8-row swizzle periods");
-  static constexpr int kBlockBytes = Rows * 128;  // one 32-column block: one TMA box
-  static constexpr int kBytes = kBlockBytes * (Cols / 32);
-  __host__ __device__ static constexpr uint32_t offset(int row, int col) {
-    return uint32_t((col / 32) * kBlockBytes + row * 128 + ((((col % 32) / 4) ^ (row % 8)) * 16) + (col % 4) * 4);
-  }
-};
 
 // Adds the box in shared `src` to global memory at element coordinates (c0, c1, c2), element by
 // element and atomically; parts of the box past an extent are dropped. Completes in this
