@@ -198,22 +198,30 @@ __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, i
   tma_prefetch_map(args.dq_accum);
   const uint32_t tile = smem + C::kDqOffset + wg * C::DqTile::kBytes;
   constexpr int kRoundCols = C::kDqCols / C::kDqRounds;  // dQ columns of one handed-over tile
-  const int64_t turn_stride = backward_dq_turn_stride(p.rows_q, p.batch);
-  // The query tiles that key block n - 1 sees: the key blocks that see a tile are contiguous, so
-  // these are the tiles for which n is not the first.
-  const KeyBlockWork before = n > 0 ? KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n - 1) : KeyBlockWork{};
+  // Only what the loop reads stays live (this thread has 24 registers): the walk as plain ints,
+  // and the query blocks [before_begin, before_end) that key block n - 1 sees: the key blocks that
+  // see a tile are contiguous, so these are the tiles for which n is not the first.
+  const int steps = w.steps(), blocks = max(1, w.blocks()), m_last = w.m_end - 1, head_first = w.head_first;
+  int before_begin = 0, before_end = 0;
+  if (p.deterministic && n > 0) {
+    const KeyBlockWork before = KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n - 1);
+    before_begin = before.m_begin;
+    before_end = before.m_end;
+  }
+  const int row0 = int(seq.packed_q);
+  int* const turns = p.dq_turns + 2 * (seq.packed_q / C::kM + b) + wg;
 #pragma unroll 1
-  for (int s = 0; s < w.steps(); ++s) {
-    const int h = w.head(s), m = w.m_block(s);
-    const int row = int(seq.packed_q) + m * C::kM;
-    int* turn = p.dq_turns + 2 * (h * turn_stride + seq.packed_q / C::kM + b + m) + wg;
+  for (int s = 0; s < steps; ++s) {
+    const int h = head_first + s / blocks, m = m_last - s % blocks;
+    int* turn = turns + 2 * (h * backward_dq_turn_stride(p.rows_q, p.batch) + m);
+#pragma unroll 1
     for (int r = 0; r < C::kDqRounds; ++r) {
       mbarrier_wait(bars.dq_full(wg), uint32_t(s * C::kDqRounds + r) & 1u);
-      if (r == 0 && p.deterministic && n > 0 && before.sees(m)) wait_for_turn(turn, n);
+      if (r == 0 && m >= before_begin && m < before_end) wait_for_turn(turn, n);
 #pragma unroll
       for (int box = 0; box < kRoundCols / 32; ++box)
         tma_reduce_add_3d(args.dq_accum, tile + box * C::DqTile::kBlockBytes, wg * C::kDqCols + r * kRoundCols + 32 * box,
-                          h, row);
+                          h, row0 + m * C::kM);
       bulk_commit();
       if (p.deterministic && r == C::kDqRounds - 1) {
         bulk_wait<0>();
