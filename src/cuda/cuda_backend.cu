@@ -32,11 +32,19 @@ struct Variant {
   DType dtype;
   int head_dim;
   Launcher forward, backward;
-  int forward_smem, backward_smem;  // bytes of dynamic shared memory per block
+  // Bytes of dynamic shared memory per block: the forward's, the smallest backward
+  // configuration's, and the 128-key backward's, under which the backward takes
+  // backward_narrow_block_n() keys per block (launch_backward_main_fitting).
+  int forward_smem, backward_smem, backward_full_keys_smem;
 };
 
-#define FLASHATTN_VARIANT_ROW(T, D)                                                                \
-  Variant{dtype_of<T>(), D, &launch_forward<T, D>, &launch_backward<T, D>, ForwardConfig<T, D>::kSmemBytes, \
+#define FLASHATTN_VARIANT_ROW(T, D)                                                                      \
+  Variant{dtype_of<T>(),                                                                                 \
+          D,                                                                                             \
+          &launch_forward<T, D>,                                                                         \
+          &launch_backward<T, D>,                                                                        \
+          ForwardConfig<T, D>::kSmemBytes,                                                               \
+          BackwardConfig<T, D, 1, 64, backward_narrow_block_n(D)>::kSmemBytes,                           \
           BackwardConfig<T, D>::kSmemBytes},
 constexpr Variant kVariants[] = {FLASHATTN_CUDA_FOR_EACH_VARIANT(FLASHATTN_VARIANT_ROW)};
 #undef FLASHATTN_VARIANT_ROW
@@ -180,7 +188,10 @@ BackwardChoice choose_backward(const Params& p) {
     const int padded = padded_head_dim(p.head_dim);
     const Variant* v = padded ? find_variant(p.dtype, padded) : nullptr;
     if (!v) return c;
-    c = {v->backward, padded, backward_shape(padded).block_n, v->backward_smem, false};
+    const bool narrow = backward_narrow_block_n(padded) != 0 &&
+                        device_info(p.device_index).max_smem_per_block < v->backward_full_keys_smem;
+    const int block_n = narrow ? backward_narrow_block_n(padded) : backward_shape(padded).block_n;
+    c = {v->backward, padded, block_n, v->backward_smem, false};
   }
   // The sm90 kernel orders its deterministic adds by turns instead of copies.
   c.dq_copies = c.hopper ? 1 : backward_dq_copies(p, c.block_n);

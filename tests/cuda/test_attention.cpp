@@ -116,6 +116,30 @@ TEST_F(CudaAttentionRuns, RepeatedForwardWritesTheSameBits) {
   }
 }
 
+// With about 100 KB of shared memory per block (compute capability 8.6 / 8.9, or
+// FLASHATTN_CUDA_MAX_SMEM=101376 with FLASHATTN_CUDA_KERNELS=sm80 on a larger GPU), head dims up
+// to 128 still have a backward: 64 keys per block instead of 128 (backward_narrow_block_n).
+TEST_F(CudaAttentionRuns, BackwardFitsAHundredKilobytesUpToHeadDim128) {
+  const int smem = cuda::device_info(0).max_smem_per_block;
+  if (smem > 101376) GTEST_SKIP() << "cuda:0 offers " << smem << " bytes per block; the test needs at most 101376";
+  for (const int head_dim : {72, 96, 128}) {
+    for (const bool deterministic : {false, true}) {
+      Case c = dense_case(2, 3, 333, head_dim, true);
+      c.heads_kv = 1;
+      GpuCase g(c);
+      g.set_deterministic(deterministic);
+      std::string why;
+      ASSERT_EQ(g.supported(Pass::backward, &why), FLASHATTN_SUCCESS) << c.describe() << ": " << why;
+      ASSERT_EQ(g.forward(), FLASHATTN_SUCCESS) << flashattn_last_error();
+      ASSERT_EQ(g.backward(), FLASHATTN_SUCCESS) << flashattn_last_error();
+      const Params p = g.host.params(Pass::backward);
+      Check check = check_written(g.host, Pass::backward);
+      check += check_backward(g.host, p, reference::backward(p), reference::naive_backward(p));
+      EXPECT_TRUE(check.ok) << c.describe() << (deterministic ? " deterministic" : "") << "\n" << check.message;
+    }
+  }
+}
+
 // The deterministic backward gives the same bits run after run, and a correct result: at both
 // head dims of the sm_90a backward (each consumer's dQ columns: 32 at d = 64, 64 at d = 128),
 // with many key blocks taking turns at each dQ tile (causal, a sliding window with seqlen_q !=

@@ -27,11 +27,11 @@
 namespace flashattn::cuda {
 
 // kStagesArg: Q and dO single or double-buffered (two stages need more shared memory than the
-// A100 has per block at d = 128); kBlockM: query rows per step. The launcher picks what the
-// device allows.
-template <typename T, int kD, int kStagesArg = 1, int kBlockM = 64>
+// A100 has per block at d = 128); kBlockM: query rows per step; kBlockN: 0 for the head dim's
+// keys per block, or backward_narrow_block_n(kD). The launcher picks what the device allows.
+template <typename T, int kD, int kStagesArg = 1, int kBlockM = 64, int kBlockN = 0>
 struct BackwardConfig {
-  static constexpr BackwardShape kShape = backward_shape(kD, kBlockM);
+  static constexpr BackwardShape kShape = backward_shape(kD, kBlockM, kBlockN);
   static constexpr int kM = kShape.block_m, kN = kShape.block_n, kWarps = kShape.warps, kSplit = kShape.d_split;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kKeyGroups = kWarps / kSplit;   // groups of warps sharing keys
@@ -117,10 +117,10 @@ __device__ __forceinline__ void accumulate_dq_row(float* row, bool valid, const 
 
 // Dropout and general scores (ScoreRule::is_general) are template parameters, so the common
 // variant carries none of their code and none of their registers.
-template <typename T, int kD, int kStages, int kBlockM, bool kDropout, bool kGeneral>
-__global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM>::kThreads, 1)
+template <typename T, int kD, int kStages, int kBlockM, int kBlockN, bool kDropout, bool kGeneral>
+__global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM, kBlockN>::kThreads, 1)
     backward_kernel(const __grid_constant__ KernelParams p) {
-  using C = BackwardConfig<T, kD, kStages, kBlockM>;
+  using C = BackwardConfig<T, kD, kStages, kBlockM, kBlockN>;
   using Elem = typename T::storage;
   using QTile = typename C::QTile;
   using KTile = typename C::KTile;

@@ -8,19 +8,19 @@
 
 namespace flashattn::cuda {
 
-template <typename T, int kD, int kStages, int kBlockM, bool kDropout>
+template <typename T, int kD, int kStages, int kBlockM, int kBlockN, bool kDropout>
 auto backward_kernel_for(const KernelParams& p) {
-  return ScoreRule::is_general(p) ? backward_kernel<T, kD, kStages, kBlockM, kDropout, true>
-                                  : backward_kernel<T, kD, kStages, kBlockM, kDropout, false>;
+  return ScoreRule::is_general(p) ? backward_kernel<T, kD, kStages, kBlockM, kBlockN, kDropout, true>
+                                  : backward_kernel<T, kD, kStages, kBlockM, kBlockN, kDropout, false>;
 }
 
 // kWithDropout: whether this configuration has the dropout kernels (the 128-row one does not).
-template <typename T, int kD, int kStages, int kBlockM, bool kWithDropout = true>
+template <typename T, int kD, int kStages, int kBlockM, int kBlockN = 0, bool kWithDropout = true>
 Status launch_backward_main(const KernelParams& p, cudaStream_t stream) {
-  using C = BackwardConfig<T, kD, kStages, kBlockM>;
-  auto kernel = backward_kernel_for<T, kD, kStages, kBlockM, false>(p);
+  using C = BackwardConfig<T, kD, kStages, kBlockM, kBlockN>;
+  auto kernel = backward_kernel_for<T, kD, kStages, kBlockM, kBlockN, false>(p);
   if constexpr (kWithDropout)
-    if (p.dropout_threshold != 0) kernel = backward_kernel_for<T, kD, kStages, kBlockM, true>(p);
+    if (p.dropout_threshold != 0) kernel = backward_kernel_for<T, kD, kStages, kBlockM, kBlockN, true>(p);
   FA_TRY(device_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes),
                        "cudaFuncSetAttribute(backward_kernel)"));
   const int n_blocks = (p.seqlen_k + C::kN - 1) / C::kN;
@@ -32,7 +32,8 @@ Status launch_backward_main(const KernelParams& p, cudaStream_t stream) {
 
 // The largest configuration the device's shared memory holds: 128 query rows per step (head
 // dims up to 64; not with dropout, whose Philox state makes that kernel spill), else 64 rows with
-// Q and dO double-buffered, else single-buffered.
+// Q and dO double-buffered, else single-buffered, else (head dims 65 to 128) 64 keys per block
+// instead of 128. choose_backward() (cuda_backend.cu) makes the same choice for its block_n.
 template <typename T, int kD>
 Status launch_backward_main_fitting(const KernelParams& p, cudaStream_t stream) {
   int device = 0;
@@ -41,8 +42,11 @@ Status launch_backward_main_fitting(const KernelParams& p, cudaStream_t stream) 
   constexpr int kWide = backward_wide_block_m(kD);
   if constexpr (kWide != 0)
     if (p.dropout_threshold == 0 && smem >= BackwardConfig<T, kD, 2, kWide>::kSmemBytes)
-      return launch_backward_main<T, kD, 2, kWide, false>(p, stream);
+      return launch_backward_main<T, kD, 2, kWide, 0, false>(p, stream);
   if (smem >= BackwardConfig<T, kD, 2>::kSmemBytes) return launch_backward_main<T, kD, 2, 64>(p, stream);
+  constexpr int kNarrow = backward_narrow_block_n(kD);
+  if constexpr (kNarrow != 0)
+    if (smem < BackwardConfig<T, kD, 1>::kSmemBytes) return launch_backward_main<T, kD, 1, 64, kNarrow>(p, stream);
   return launch_backward_main<T, kD, 1, 64>(p, stream);
 }
 

@@ -38,12 +38,21 @@ struct BackwardShape {
 // groups of 32 keys x d/2 columns up to d = 128, two of 32 keys x d/4 columns above (the layout of
 // FlashAttention-2; per step a warp then reads 36 KB instead of 48 KB of dO, Q, P^T and dS^T at
 // d = 256), where d/4 stays whole 16-column steps.
-constexpr BackwardShape backward_shape(int head_dim, int block_m = 64) {
+//
+// block_n = 64 asks for 64 keys per block up to d = 128 as well (backward_narrow_block_n): the
+// shape of the larger head dims, for devices with too little shared memory for 128 keys.
+constexpr BackwardShape backward_shape(int head_dim, int block_m = 64, int block_n = 0) {
   const int two_tile_parts = 8 / (block_m / 32);  // dQ column parts with two row tiles per warp
   const int dq_row_tiles = (block_m == 128 || head_dim > 128) && head_dim % (16 * two_tile_parts) == 0 ? 2 : 1;
-  if (head_dim <= 128) return BackwardShape{block_m, 128, 8, 2, dq_row_tiles, 4};
-  return BackwardShape{block_m, 64, 8, 2, dq_row_tiles, head_dim % 64 == 0 ? 2 : 4};
+  if (head_dim <= 128 && block_n != 64) return BackwardShape{block_m, 128, 8, 2, dq_row_tiles, 4};
+  return BackwardShape{block_m, 64, 8, 2, dq_row_tiles, head_dim > 128 && head_dim % 64 == 0 ? 2 : 4};
 }
+
+// The smaller key block of head dims 65 to 128 (0: none): 64 keys, single-buffered Q and dO,
+// about 87 KB of shared memory at d = 128 instead of 139 KB, so that GPUs with about 100 KB per
+// block (compute capability 8.6 and 8.9) run the backward. Smaller head dims fit with 128 keys;
+// larger ones have 64 keys already and need more than 100 KB.
+constexpr int backward_narrow_block_n(int head_dim) { return head_dim > 64 && head_dim <= 128 ? 64 : 0; }
 
 // The larger query block of head dims up to 64 (0: none); it needs about 214 KB of shared memory
 // with double-buffered Q and dO (Hopper-class devices), so the launcher falls back to 64 rows.
