@@ -189,7 +189,8 @@ __device__ __forceinline__ void pass_turn(int* turn, int next) {
 // Lane 0 of warp 2 + wg of the producer: adds consumer wg's dQ tile of each step to dq_accum by
 // TMA reduce-add and hands the tile back once TMA has read it. Rows past the sequence carry
 // dS = 0, so their adds (into the next sequence's rows, or dropped past the tensor) add zeros.
-// Deterministic mode waits for the tile's turn and lets its adds complete before passing it on.
+// Deterministic mode waits for the tile's turn and lets its adds complete before passing it on
+// (after handing the tile back, so the consumer's next step does not wait for that).
 template <typename C>
 __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, int b, int hk, int n,
                                 const KeyBlockWork& w, uint32_t smem, const BackwardBarriers<C::kStages>& bars, int wg) {
@@ -223,13 +224,12 @@ __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, i
         tma_reduce_add_3d(args.dq_accum, tile + box * C::DqTile::kBlockBytes, wg * C::kDqCols + r * kRoundCols + 32 * box,
                           h, row0 + m * C::kM);
       bulk_commit();
-      if (p.deterministic && r == C::kDqRounds - 1) {
+      bulk_wait_read<0>();  // TMA has read the tile: the consumer may refill it
+      mbarrier_arrive(bars.dq_empty(wg));
+      if (p.deterministic && r == C::kDqRounds - 1) {  // the tile's next adder waits for ours to land
         bulk_wait<0>();
         pass_turn(turn, n + 1);
-      } else {
-        bulk_wait_read<0>();
       }
-      mbarrier_arrive(bars.dq_empty(wg));
     }
   }
   bulk_wait<0>();  // the block's shared memory lives until its adds are done
