@@ -1,7 +1,7 @@
 // core/query_groups.h: which calls fold the heads of a group into rows, that the folded call
-// addresses every q, out and lse element of the original one at the same place, and that "the
-// one row sees every key" is exactly what the window definition says. The sweeps
-// (decode_gqa_* cases) check the folded calls against the oracle on every backend.
+// addresses every q, out and lse element of the original one at the same place, and that "every
+// row sees every key" is exactly what the window definition says. The sweeps (decode_gqa_* and
+// prefill_gqa_bhsd_folded cases) check the folded calls against the oracle on every backend.
 #include <gtest/gtest.h>
 
 #include "core/query_groups.h"
@@ -48,6 +48,51 @@ TEST(QueryGroups, FoldsADecodeWithGroupedHeads) {
   EXPECT_TRUE(flashattn::query_groups_foldable(softcap));
 }
 
+// A dense bhsd call with a few query rows: B = 2, H = 6 query heads over 3 K/V heads, 5 queries,
+// 40 keys, rows of a head one after another (head stride = 5 rows).
+Params short_prefill_params() {
+  Params p;
+  p.pass = Pass::forward;
+  p.batch = 2;
+  p.heads_q = 6;
+  p.heads_kv = 3;
+  p.head_dim = p.head_dim_v = 32;
+  p.seqlen_q = 5;
+  p.seqlen_k = 40;
+  p.q = {nullptr, 6 * 5 * 32, 32, 5 * 32};  // batch, row, head strides of [B, H, 5, d]
+  p.out = p.q;
+  static float lse[2 * 6 * 5];
+  p.lse = lse;
+  p.lse_batch = 6 * 5;
+  p.lse_head = 5;
+  return p;
+}
+
+TEST(QueryGroups, FoldsShortBhsdCallsWhoseRowsSeeEveryKey) {
+  EXPECT_TRUE(flashattn::query_groups_foldable(short_prefill_params()));
+  Params windowed = short_prefill_params();
+  windowed.window_left = 39;  // seqlen_k - 1: the last row still sees the first key
+  windowed.window_right = 4;  // seqlen_q - 1: the first row still sees the last key
+  EXPECT_TRUE(flashattn::query_groups_foldable(windowed));
+  auto not_foldable = [](auto edit) {
+    Params p = short_prefill_params();
+    edit(p);
+    EXPECT_FALSE(flashattn::query_groups_foldable(p));
+    EXPECT_EQ(flashattn::fold_query_groups(p).seqlen_q, p.seqlen_q);
+  };
+  not_foldable([](Params& p) { p.window_right = 0; });  // causal: row 0 sees keys 0..35 only
+  not_foldable([](Params& p) { p.window_right = 3; });
+  not_foldable([](Params& p) { p.window_left = 38; });
+  not_foldable([](Params& p) { p.q = {nullptr, 5 * 6 * 32, 6 * 32, 32}; });  // bshd: rows of a head apart
+  not_foldable([](Params& p) { p.out.head += 32; });                       // padded heads of out
+  not_foldable([](Params& p) { p.lse_head = 8; });                         // padded lse rows
+  not_foldable([](Params& p) {                                             // past kFoldMaxSeqlenQ
+    p.seqlen_q = flashattn::kFoldMaxSeqlenQ + 1;
+    p.q.head = p.out.head = int64_t(p.seqlen_q) * 32;
+    p.lse_head = p.seqlen_q;
+  });
+}
+
 TEST(QueryGroups, LeavesEveryOtherCallAlone) {
   auto changed = [](auto edit) {
     Params p = decode_params();
@@ -87,21 +132,42 @@ TEST(QueryGroups, FoldedCallAddressesTheSameElements) {
   }
 }
 
-// Foldable windows are exactly those under which the single query row sees every key.
-TEST(QueryGroups, WindowConditionMatchesTheDefinition) {
-  for (int sk = 1; sk <= 12; ++sk)
-    for (int left = -1; left <= 14; ++left)
-      for (int right = -1; right <= 3; ++right) {
-        const flashattn::semantics::Window w{left, right, 1, sk};
-        bool every_key = true;
-        for (int j = 0; j < sk; ++j) every_key = every_key && w.visible(0, j);
-        Params p = decode_params();
-        p.seqlen_k = sk;
-        p.window_left = left;
-        p.window_right = right;
-        EXPECT_EQ(flashattn::query_groups_foldable(p), every_key) << "sk=" << sk << " window=(" << left << ","
-                                                                   << right << ")";
+TEST(QueryGroups, FoldedShortPrefillAddressesTheSameElements) {
+  const Params p = short_prefill_params();
+  const Params f = flashattn::fold_query_groups(p);
+  ASSERT_EQ(f.seqlen_q, 10);
+  ASSERT_EQ(f.heads_q, 3);
+  EXPECT_EQ(f.group_size(), 1);
+  for (int b = 0; b < p.batch; ++b)
+    for (int h = 0; h < p.heads_q; ++h)
+      for (int i = 0; i < p.seqlen_q; ++i) {
+        const int hk = h / 2, row = (h % 2) * p.seqlen_q + i;
+        EXPECT_EQ(flashattn::element_offset(f.q, b, 0, row, hk), flashattn::element_offset(p.q, b, 0, i, h));
+        EXPECT_EQ(flashattn::element_offset(f.out, b, 0, row, hk), flashattn::element_offset(p.out, b, 0, i, h));
+        EXPECT_EQ(b * f.lse_batch + hk * f.lse_head + row, b * p.lse_batch + h * p.lse_head + i);
       }
+}
+
+// Foldable windows are exactly those under which every query row sees every key.
+TEST(QueryGroups, WindowConditionMatchesTheDefinition) {
+  for (int sq : {1, 2, 5})
+    for (int sk = 1; sk <= 12; ++sk)
+      for (int left = -1; left <= 14; ++left)
+        for (int right = -1; right <= 6; ++right) {
+          const flashattn::semantics::Window w{left, right, sq, sk};
+          bool every_key = true;
+          for (int i = 0; i < sq; ++i)
+            for (int j = 0; j < sk; ++j) every_key = every_key && w.visible(i, j);
+          Params p = sq == 1 ? decode_params() : short_prefill_params();
+          p.seqlen_q = sq;
+          p.q.head = p.out.head = int64_t(sq) * p.q.row;
+          p.lse_head = sq == 1 ? 1 : sq;
+          p.seqlen_k = sk;
+          p.window_left = left;
+          p.window_right = right;
+          EXPECT_EQ(flashattn::query_groups_foldable(p), every_key)
+              << "sq=" << sq << " sk=" << sk << " window=(" << left << "," << right << ")";
+        }
 }
 
 }  // namespace

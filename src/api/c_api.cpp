@@ -27,7 +27,7 @@ struct Plan {
 Status plan(const CallArgs& args, Plan* plan) {
   FA_TRY(build_params(args, &plan->params));
   FA_TRY(select_backend(plan->params, args.options->backend, &plan->ops));
-  // Decoding with grouped heads runs with each group's heads as rows (core/query_groups.h).
+  // Grouped heads with few query rows run with each group's heads as rows (core/query_groups.h).
   if (query_groups_foldable(plan->params)) {
     const Params folded = fold_query_groups(plan->params);
     if (plan->ops->supports(folded).is_ok()) plan->params = folded;

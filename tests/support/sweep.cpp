@@ -74,6 +74,11 @@ std::vector<NamedCase> feature_sweep(flashattn_dtype t, const std::vector<int>& 
   s.push_back({"decode_gqa_folded", folded});
   s.push_back({"decode_gqa_folded_wide_window", with_window(dense(t, d, 2, 6, 1, 1, 77), 76, 3)});
   s.push_back({"decode_gqa_narrow_window", with_window(dense(t, d, 2, 6, 3, 1, 77), 20, 0)});
+  // A short prefill with grouped heads in bhsd, no mask: folded as well (every row sees every key).
+  Case short_prefill = dense(t, d, 2, 8, 2, 5, 300);
+  short_prefill.layout = Layout::bhsd;
+  short_prefill.softcap = 20.f;
+  s.push_back({"prefill_gqa_bhsd_folded", short_prefill});
   // Masks.
   s.push_back({"causal_more_queries", causal(dense(t, d, 2, 2, 2, 130, 77))});  // rows 0..52 see nothing
   s.push_back({"causal_fewer_queries", causal(dense(t, d, 2, 2, 2, 77, 130))});
