@@ -227,6 +227,47 @@ __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, i
   bulk_wait<0>();  // the block's shared memory lives until its adds are done
 }
 
+// One block: the barriers, then the producer warpgroup (thread 0 loads tiles, warp 1 copies
+// rows, lanes 0 of warps 2 and 3 add the consumers' dQ tiles) and the two consumers.
+template <typename C, typename Consumer>
+__device__ __forceinline__ void run_backward_block(const BackwardArgs& args) {
+  const KernelParams& p = args.p;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t smem = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
+  const int hk = blockIdx.y, b = blockIdx.z;
+  const Sequence seq = Sequence::of(p, b);
+  const int n = blockIdx.x;  // the key block; the grid has one per key block of the longest sequence
+  if (n * C::kN >= seq.seqlen_k) return;
+  const KeyBlockWork w = KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n);
+
+  const BackwardBarriers<C::kStages> bars{smem + C::kBarrierOffset};
+  if (threadIdx.x == 0) {
+    mbarrier_init(bars.kv_full(), 1);
+    for (int s = 0; s < C::kStages; ++s) {
+      mbarrier_init(bars.full(s), 1 + 32);  // the TMA thread's expect-tx and the row warp's lanes
+      mbarrier_init(bars.empty(s), 256);  // every consumer thread: it also reads the stage's rows
+    }
+    for (int c = 0; c < 2; ++c) {
+      mbarrier_init(bars.dq_full(c), 128);  // the consumer's threads
+      mbarrier_init(bars.dq_empty(c), 1);   // its producer thread, once TMA has read the tile
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+
+  const int wg = int(threadIdx.x) / 128, warp = int(threadIdx.x) / 32;
+  if (wg == 0) {
+    registers_release<C::kProducerRegisters>();
+    if (threadIdx.x == 0) produce_tiles<C>(args, seq, b, hk, w, smem, bars);
+    if (warp == 1) produce_rows<C>(p, seq, w, smem, bars);
+    if (warp >= 2 && threadIdx.x % 32 == 0) reduce_dq_tiles<C>(args, seq, b, hk, n, w, smem, bars, warp - 2);
+  } else {
+    registers_claim<C::kConsumerRegisters>();
+    Consumer consumer{p, seq, b, hk, smem, bars, wg - 1};
+    consumer.run(w);
+  }
+}
+
 // One consumer warpgroup: 64 keys, dK and dV in registers.
 template <typename T, int kD, bool kGeneral>
 struct BackwardConsumer {
@@ -465,42 +506,7 @@ struct BackwardConsumer {
 template <typename T, int kD, bool kGeneral>
 __global__ void __launch_bounds__(BackwardConfig<T, kD>::kThreads, 1)
     backward_kernel(const __grid_constant__ BackwardArgs args) {
-  using C = BackwardConfig<T, kD>;
-  const KernelParams& p = args.p;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const uint32_t smem = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
-  const int hk = blockIdx.y, b = blockIdx.z;
-  const Sequence seq = Sequence::of(p, b);
-  const int n = blockIdx.x;  // the key block; the grid has one per key block of the longest sequence
-  if (n * C::kN >= seq.seqlen_k) return;
-  const KeyBlockWork w = KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n);
-
-  const BackwardBarriers<C::kStages> bars{smem + C::kBarrierOffset};
-  if (threadIdx.x == 0) {
-    mbarrier_init(bars.kv_full(), 1);
-    for (int s = 0; s < C::kStages; ++s) {
-      mbarrier_init(bars.full(s), 1 + 32);  // the TMA thread's expect-tx and the row warp's lanes
-      mbarrier_init(bars.empty(s), 256);  // every consumer thread: it also reads the stage's rows
-    }
-    for (int c = 0; c < 2; ++c) {
-      mbarrier_init(bars.dq_full(c), 128);  // the consumer's threads
-      mbarrier_init(bars.dq_empty(c), 1);   // its producer thread, once TMA has read the tile
-    }
-    mbarrier_init_fence();
-  }
-  __syncthreads();
-
-  const int wg = int(threadIdx.x) / 128, warp = int(threadIdx.x) / 32;
-  if (wg == 0) {
-    registers_release<C::kProducerRegisters>();
-    if (threadIdx.x == 0) produce_tiles<C>(args, seq, b, hk, w, smem, bars);
-    if (warp == 1) produce_rows<C>(p, seq, w, smem, bars);
-    if (warp >= 2 && threadIdx.x % 32 == 0) reduce_dq_tiles<C>(args, seq, b, hk, n, w, smem, bars, warp - 2);
-  } else {
-    registers_claim<C::kConsumerRegisters>();
-    BackwardConsumer<T, kD, kGeneral> consumer{p, seq, b, hk, smem, bars, wg - 1};
-    consumer.run(w);
-  }
+  run_backward_block<BackwardConfig<T, kD>, BackwardConsumer<T, kD, kGeneral>>(args);
 }
 
 }  // namespace flashattn::cuda::sm90

@@ -251,40 +251,7 @@ struct WideBackwardConsumer {
 template <typename T, int kD, bool kGeneral>
 __global__ void __launch_bounds__(WideBackwardConfig<T, kD>::kThreads, 1)
     wide_backward_kernel(const __grid_constant__ BackwardArgs args) {
-  using C = WideBackwardConfig<T, kD>;
-  const KernelParams& p = args.p;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const uint32_t smem = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
-  const int hk = blockIdx.y, b = blockIdx.z;
-  const Sequence seq = Sequence::of(p, b);
-  const int n = blockIdx.x;
-  if (n * C::kN >= seq.seqlen_k) return;
-  const KeyBlockWork w = KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n);
-
-  const BackwardBarriers<C::kStages> bars{smem + C::kBarrierOffset};
-  if (threadIdx.x == 0) {
-    mbarrier_init(bars.kv_full(), 1);
-    mbarrier_init(bars.full(0), 1 + 32);  // the TMA thread's expect-tx and the row warp's lanes
-    mbarrier_init(bars.empty(0), 256);    // every consumer thread
-    for (int c = 0; c < 2; ++c) {
-      mbarrier_init(bars.dq_full(c), 128);
-      mbarrier_init(bars.dq_empty(c), 1);
-    }
-    mbarrier_init_fence();
-  }
-  __syncthreads();
-
-  const int wg = int(threadIdx.x) / 128, warp = int(threadIdx.x) / 32;
-  if (wg == 0) {
-    registers_release<C::kProducerRegisters>();
-    if (threadIdx.x == 0) produce_tiles<C>(args, seq, b, hk, w, smem, bars);
-    if (warp == 1) produce_rows<C>(p, seq, w, smem, bars);
-    if (warp >= 2 && threadIdx.x % 32 == 0) reduce_dq_tiles<C>(args, seq, b, hk, n, w, smem, bars, warp - 2);
-  } else {
-    registers_claim<C::kConsumerRegisters>();
-    WideBackwardConsumer<T, kD, kGeneral> consumer{p, seq, b, hk, smem, bars, wg - 1};
-    consumer.run(w);
-  }
+  run_backward_block<WideBackwardConfig<T, kD>, WideBackwardConsumer<T, kD, kGeneral>>(args);
 }
 
 }  // namespace flashattn::cuda::sm90
