@@ -23,11 +23,8 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# --check: the sanitizers' subset (primitives, one case per feature family, many-tile and
-# head-dim cases of both passes) and a time limit per check that turns a hang into a failure.
-SANITIZED = ("CudaPrimitives.*:Sm90Primitives.*:Bfloat16/*/square_17:Bfloat16/*/causal_more_queries:"
-             "Bfloat16/*/varlen_with_empty_sequences:Bfloat16/*/everything:Bfloat16/*/head_dim_128:"
-             "Bfloat16/*/head_dim_256:*/*Forward*/many_tiles_causal_gqa:Bfloat16/*/varlen_many_tiles_causal")
+# --check: the sanitizers' filters (scripts/sanitizer_filters.sh, shared with gpu_check.sh) and a
+# time limit per check that turns a hang into a failure.
 CHECK_SECONDS = 300
 
 
@@ -60,11 +57,19 @@ def build(src, build_dir, head_dims, tests, jobs, log):
     return run(configure, log) and run(["cmake", "--build", build_dir, "-j", str(jobs), "--target", *targets], log)
 
 
+def sanitizer_filter(tool):
+    """The filter of `tool` in scripts/sanitizer_filters.sh."""
+    script = os.path.join(ROOT, "scripts", "sanitizer_filters.sh")
+    return subprocess.run(["bash", "-c", f'source "{script}" && echo "$SANITIZER_{tool.upper()}"'],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
 def check(folder, log):
-    """Runs the build's CUDA tests, then memcheck and racecheck on SANITIZED: 'name ok/FAILED' each."""
+    """Runs the build's CUDA tests, then memcheck and racecheck on their filters: 'name ok/FAILED' each."""
     binary = os.path.join(folder, "build", "tests", "cuda", "flashattn_cuda_tests")
     checks = [("tests", [binary, "--gtest_brief=1"])] + [
-        (tool, ["compute-sanitizer", "--tool", tool, "--error-exitcode", "1", binary, f"--gtest_filter={SANITIZED}"])
+        (tool, ["compute-sanitizer", "--tool", tool, "--error-exitcode", "1", binary,
+                f"--gtest_filter={sanitizer_filter(tool)}"])
         for tool in ("memcheck", "racecheck")]
     verdicts = []
     for name, cmd in checks:

@@ -68,15 +68,15 @@ if [ "$quick" != "--no-bench" ]; then
   step plots plots.log python3 "$root/bench/plot_bench.py" "$out/bench.jsonl" "$out/bench"
 fi
 
-# Sanitizers on a subset: primitives, one case per feature family, both passes, split and not.
-subset='CudaPrimitives.*:Sm90Primitives.*:*CudaAttention.*/square_17:*CudaAttention.*/causal_more_queries:*CudaAttention.*/varlen_with_empty_sequences:*CudaAttention.*/everything:*CudaAttention.*/head_dim_256:CudaAttentionRuns.Deterministic*'
+# Sanitizers on a subset (scripts/sanitizer_filters.sh).
+source "$root/scripts/sanitizer_filters.sh"
 if command -v compute-sanitizer >/dev/null; then
   step memcheck memcheck.log compute-sanitizer --tool memcheck --error-exitcode 1 \
-    "$build/tests/cuda/flashattn_cuda_tests" --gtest_filter="Bfloat16/$subset:$subset"
+    "$build/tests/cuda/flashattn_cuda_tests" --gtest_filter="$SANITIZER_MEMCHECK"
   step racecheck racecheck.log compute-sanitizer --tool racecheck --error-exitcode 1 \
-    "$build/tests/cuda/flashattn_cuda_tests" --gtest_filter="Bfloat16/*square_17*:Bfloat16/*everything*:Bfloat16/*head_dim_256*:Bfloat16/*Forward*/causal_more_queries"
+    "$build/tests/cuda/flashattn_cuda_tests" --gtest_filter="$SANITIZER_RACECHECK"
   step synccheck synccheck.log compute-sanitizer --tool synccheck --error-exitcode 1 \
-    "$build/tests/cuda/flashattn_cuda_tests" --gtest_filter="Sm90Primitives.*:Bfloat16/*/square_17:Bfloat16/*/causal_more_queries:Bfloat16/*Forward*/head_dim_256:Bfloat16/*/everything:CudaAttentionRuns.Deterministic*"
+    "$build/tests/cuda/flashattn_cuda_tests" --gtest_filter="$SANITIZER_SYNCCHECK"
 else
   summary+=("sanitizers: compute-sanitizer not found")
 fi

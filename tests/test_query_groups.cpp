@@ -12,24 +12,30 @@ namespace {
 using flashattn::Params;
 using flashattn::Pass;
 
-// A dense bshd decode call: B = 3, H = 8 query heads over 2 K/V heads, one query, 100 keys.
-Params decode_params() {
+// A dense forward with grouped heads: q and out [B, S, H, d] (bshd) or [B, H, S, d] (bhsd), lse
+// [B, H, S] (only whether lse is requested matters to the fold, not its memory).
+Params grouped_call(int batch, int heads_q, int heads_kv, int seqlen_q, int seqlen_k, int head_dim, bool bhsd) {
+  static float lse;
   Params p;
   p.pass = Pass::forward;
-  p.batch = 3;
-  p.heads_q = 8;
-  p.heads_kv = 2;
-  p.head_dim = p.head_dim_v = 64;
-  p.seqlen_q = 1;
-  p.seqlen_k = 100;
-  p.q = {nullptr, 1 * 8 * 64, 8 * 64, 64};  // batch, row, head strides of [B, 1, H, d]
+  p.batch = batch;
+  p.heads_q = heads_q;
+  p.heads_kv = heads_kv;
+  p.head_dim = p.head_dim_v = head_dim;
+  p.seqlen_q = seqlen_q;
+  p.seqlen_k = seqlen_k;
+  const int64_t d = head_dim, rows = seqlen_q, heads = heads_q;
+  p.q = bhsd ? flashattn::Operand{nullptr, heads * rows * d, d, rows * d}   // batch, row, head strides
+             : flashattn::Operand{nullptr, rows * heads * d, heads * d, d};
   p.out = p.q;
-  static float lse[3 * 8];
-  p.lse = lse;
-  p.lse_batch = 8;
-  p.lse_head = 1;
+  p.lse = &lse;
+  p.lse_batch = heads * rows;
+  p.lse_head = rows;
   return p;
 }
+
+// A bshd decode call: B = 3, H = 8 query heads over 2 K/V heads, one query, 100 keys.
+Params decode_params() { return grouped_call(3, 8, 2, 1, 100, 64, false); }
 
 TEST(QueryGroups, FoldsADecodeWithGroupedHeads) {
   EXPECT_TRUE(flashattn::query_groups_foldable(decode_params()));
@@ -48,25 +54,9 @@ TEST(QueryGroups, FoldsADecodeWithGroupedHeads) {
   EXPECT_TRUE(flashattn::query_groups_foldable(softcap));
 }
 
-// A dense bhsd call with a few query rows: B = 2, H = 6 query heads over 3 K/V heads, 5 queries,
-// 40 keys, rows of a head one after another (head stride = 5 rows).
-Params short_prefill_params() {
-  Params p;
-  p.pass = Pass::forward;
-  p.batch = 2;
-  p.heads_q = 6;
-  p.heads_kv = 3;
-  p.head_dim = p.head_dim_v = 32;
-  p.seqlen_q = 5;
-  p.seqlen_k = 40;
-  p.q = {nullptr, 6 * 5 * 32, 32, 5 * 32};  // batch, row, head strides of [B, H, 5, d]
-  p.out = p.q;
-  static float lse[2 * 6 * 5];
-  p.lse = lse;
-  p.lse_batch = 6 * 5;
-  p.lse_head = 5;
-  return p;
-}
+// A bhsd call with a few query rows: B = 2, H = 6 query heads over 3 K/V heads, 5 queries, 40
+// keys, rows of a head one after another (head stride = 5 rows).
+Params short_prefill_params() { return grouped_call(2, 6, 3, 5, 40, 32, true); }
 
 TEST(QueryGroups, FoldsShortBhsdCallsWhoseRowsSeeEveryKey) {
   EXPECT_TRUE(flashattn::query_groups_foldable(short_prefill_params()));
@@ -83,7 +73,7 @@ TEST(QueryGroups, FoldsShortBhsdCallsWhoseRowsSeeEveryKey) {
   not_foldable([](Params& p) { p.window_right = 0; });  // causal: row 0 sees keys 0..35 only
   not_foldable([](Params& p) { p.window_right = 3; });
   not_foldable([](Params& p) { p.window_left = 38; });
-  not_foldable([](Params& p) { p.q = {nullptr, 5 * 6 * 32, 6 * 32, 32}; });  // bshd: rows of a head apart
+  not_foldable([](Params& p) { p.q = grouped_call(2, 6, 3, 5, 40, 32, false).q; });  // bshd: rows of a head apart
   not_foldable([](Params& p) { p.out.head += 32; });                       // padded heads of out
   not_foldable([](Params& p) { p.lse_head = 8; });                         // padded lse rows
   not_foldable([](Params& p) {                                             // past kFoldMaxSeqlenQ
@@ -114,8 +104,7 @@ TEST(QueryGroups, LeavesEveryOtherCallAlone) {
 
 TEST(QueryGroups, FoldedCallAddressesTheSameElements) {
   for (const bool bhsd : {false, true}) {
-    Params p = decode_params();
-    if (bhsd) p.q = p.out = {nullptr, 8 * 1 * 64, 64, 1 * 64};  // [B, H, 1, d]
+    const Params p = grouped_call(3, 8, 2, 1, 100, 64, bhsd);
     const Params f = flashattn::fold_query_groups(p);
     ASSERT_EQ(f.seqlen_q, 4);
     ASSERT_EQ(f.heads_q, 2);
@@ -158,11 +147,7 @@ TEST(QueryGroups, WindowConditionMatchesTheDefinition) {
           bool every_key = true;
           for (int i = 0; i < sq; ++i)
             for (int j = 0; j < sk; ++j) every_key = every_key && w.visible(i, j);
-          Params p = sq == 1 ? decode_params() : short_prefill_params();
-          p.seqlen_q = sq;
-          p.q.head = p.out.head = int64_t(sq) * p.q.row;
-          p.lse_head = sq == 1 ? 1 : sq;
-          p.seqlen_k = sk;
+          Params p = grouped_call(2, 6, 3, sq, sk, 32, true);
           p.window_left = left;
           p.window_right = right;
           EXPECT_EQ(flashattn::query_groups_foldable(p), every_key)

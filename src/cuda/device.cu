@@ -12,7 +12,7 @@ namespace {
 
 // FLASHATTN_CUDA_MAX_SMEM=BYTES caps the shared memory per block the kernels plan with, so that a
 // large GPU runs the configurations of a smaller one (166912 for an A100, 101376 for sm_86/89)
-// in tests; 0 when unset or not a positive number.
+// in tests; 0 when unset or not a positive number. Read when a device is first queried.
 int smem_cap() {
   const char* text = std::getenv("FLASHATTN_CUDA_MAX_SMEM");
   if (!text) return 0;
@@ -43,7 +43,7 @@ DeviceInfo device_info(int index) {
   static std::vector<DeviceInfo> cache;
   std::lock_guard<std::mutex> lock(mutex);
   if (index < 0) return {};
-  if (size_t(index) < cache.size() && cache[index].multiprocessors > 0) return capped(cache[index]);
+  if (size_t(index) < cache.size() && cache[index].multiprocessors > 0) return cache[index];
   DeviceInfo info;
   int major = 0, minor = 0;
   if (cudaDeviceGetAttribute(&info.multiprocessors, cudaDevAttrMultiProcessorCount, index) != cudaSuccess ||
@@ -55,8 +55,8 @@ DeviceInfo device_info(int index) {
   }
   info.compute_capability = 10 * major + minor;
   if (cache.size() <= size_t(index)) cache.resize(index + 1);
-  cache[index] = info;
-  return capped(info);
+  cache[index] = capped(info);  // the cap is read once, with the device
+  return cache[index];
 }
 
 DeviceGuard::DeviceGuard(int index) {

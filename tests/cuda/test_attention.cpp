@@ -212,15 +212,15 @@ TEST_F(CudaAttentionRuns, Sm90ForwardServesHopperWithoutDropout) {
   EXPECT_STREQ(cuda::forward_kernels(p), "sm80");
 }
 
-// The sm_90a backward serves head dims up to 128 without dropout; above, and with dropout, the
-// sm80 backward does.
+// The sm_90a backward serves every head dim without dropout (up to 128 the narrow kernel, above
+// the wide one); with dropout the sm80 backward does.
 TEST_F(CudaAttentionRuns, Sm90BackwardServesEveryHeadDimWithoutDropout) {
   Params p;
   p.pass = Pass::backward;
   p.dtype = DType::f16;
   p.device = FLASHATTN_DEVICE_CUDA;
   const bool hopper = hopper_kernels_expected();
-  for (int d : {40, 64, 96, 128, 192, 256}) {  // up to 128 the narrow kernel, above the wide one
+  for (int d : {40, 64, 96, 128, 192, 256}) {
     p.head_dim = p.head_dim_v = d;
     EXPECT_STREQ(cuda::backward_kernels(p), hopper ? "sm90" : "sm80") << "head dim " << d;
   }

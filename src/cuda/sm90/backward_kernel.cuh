@@ -235,11 +235,151 @@ __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, i
   bulk_wait<0>();  // the block's shared memory lives until its adds are done
 }
 
+// Window::visible in 32-bit arithmetic, without branches (the consumers' masks).
+__device__ __forceinline__ bool visible(const semantics::Window& w, int i, int j) {
+  const int d = j - i - (w.seqlen_k - w.seqlen_q);  // key offset from the diagonal
+  return (j < w.seqlen_k) & (w.left < 0 | d >= -w.left) & (w.right < 0 | d <= w.right);
+}
+
+// S^T -> P^T = exp2(S^T - lse) in place for a consumer's part of the kM x kN tile of step rows m0
+// and keys j0: element [jt][e] is query query(jt, e) of the step and key key(e). Masked entries
+// (and rows past the sequence, whose lse is +inf) become 0. Returns softcap's derivative factor
+// through `cap_grad` where it applies.
+template <bool kGeneral, int kM, int kN, int kTiles, typename QueryOf, typename KeyOf>
+__device__ __forceinline__ void to_probabilities(float (&st)[kTiles][4], float (&cap_grad)[kTiles][4],
+                                                 const float* lse2, const ScoreRule& rule, int m0, int64_t j0,
+                                                 QueryOf query, KeyOf key) {
+  if (kGeneral) {
+#pragma unroll
+    for (int jt = 0; jt < kTiles; ++jt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float& s = st[jt][e];
+        const float th = rule.softcap > 0.f ? tanhf(rule.scale * s / rule.softcap) : 0.f;
+        cap_grad[jt][e] = 1.f - th * th;
+        s = rule.transform(s, m0 + query(jt, e), key(e));
+      }
+  }
+  if (!rule.block_unmasked(m0, kM, j0, kN)) {
+#pragma unroll
+    for (int jt = 0; jt < kTiles; ++jt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (!visible(rule.window, m0 + query(jt, e), key(e))) st[jt][e] = -INFINITY;
+  }
+  const float exp_scale = kGeneral ? 1.f : rule.exp_scale;
+#pragma unroll
+  for (int jt = 0; jt < kTiles; ++jt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) st[jt][e] = fast_exp2(fmaf(st[jt][e], exp_scale, -lse2[query(jt, e)]));
+}
+
+// dP^T -> dS^T = P^T (dP^T - delta) (times softcap's derivative) in place.
+template <bool kGeneral, int kTiles, typename QueryOf>
+__device__ __forceinline__ void to_score_gradients(const float (&pt)[kTiles][4], float (&dpt)[kTiles][4],
+                                                   const float (&cap_grad)[kTiles][4], const float* delta,
+                                                   QueryOf query) {
+#pragma unroll
+  for (int jt = 0; jt < kTiles; ++jt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float ds = pt[jt][e] * (dpt[jt][e] - delta[query(jt, e)]);
+      dpt[jt][e] = kGeneral ? ds * cap_grad[jt][e] : ds;
+    }
+}
+
+// A consumer's fp32 dQ accumulators (kCols columns) into its shared boxes at `tile`, once its
+// producer thread's TMA has read the previous ones (`handed`: tiles handed over before); then
+// every thread announces its part.
+template <typename DqTile, int kCols, int kStages>
+__device__ __forceinline__ void hand_over_dq_tile(const float (&dq)[kCols / 8][4], uint32_t tile,
+                                                  const BackwardBarriers<kStages>& bars, int wg, int handed) {
+  mbarrier_wait(bars.dq_empty(wg), (uint32_t(handed) & 1u) ^ 1u);
+  const int lane = threadIdx.x % 32, row = 16 * ((threadIdx.x % 128) / 32) + lane / 4;
+  const bool swapped = dq_store_group(0, lane) != 0;  // stores group j ^ 2 in pass j: no bank conflicts
+#pragma unroll
+  for (int j = 0; j < kCols / 8; ++j)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float x = swapped ? dq[j ^ 2][2 * half] : dq[j][2 * half];
+      const float y = swapped ? dq[j ^ 2][2 * half + 1] : dq[j][2 * half + 1];
+      const int col = 8 * dq_store_group(j, lane) + 2 * (lane % 4);
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(tile + DqTile::offset(row + 8 * half, col)), "f"(x),
+                   "f"(y));
+    }
+  fence_async_shared();                // the writes, before TMA reads them
+  mbarrier_arrive(bars.dq_full(wg));  // every thread: its part of the tile is written
+}
+
+// dK = scale * dK and dV of a consumer's keys key(half) (those below keys_valid) and columns
+// col(dt) (those below the head dim), for the rows half and columns dt of its accumulators.
+template <typename T, int kCols, typename KeyOf, typename ColOf>
+__device__ __forceinline__ void store_key_gradients(const KernelParams& p, const Sequence& seq, int b, int hk,
+                                                    const KeyBlockWork& w, const float (&dk)[kCols / 8][4],
+                                                    const float (&dv)[kCols / 8][4], KeyOf key_of, ColOf col_of) {
+  using Elem = typename T::storage;
+  Elem* dk_rows = operand_row<Elem>(p.dk, b, seq.k_start + w.j0, hk);
+  Elem* dv_rows = operand_row<Elem>(p.dv, b, seq.k_start + w.j0, hk);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int key = key_of(half);
+    if (key >= w.keys_valid) continue;
+#pragma unroll
+    for (int dt = 0; dt < kCols / 8; ++dt) {
+      const int col = col_of(dt);
+      if (col >= p.head_dim) continue;
+      *reinterpret_cast<uint32_t*>(dk_rows + key * p.dk.row + col) =
+          pack2<T>(dk[dt][2 * half] * p.scale, dk[dt][2 * half + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(dv_rows + key * p.dv.row + col) = pack2<T>(dv[dt][2 * half], dv[dt][2 * half + 1]);
+    }
+  }
+}
+
+// One block: the barriers, then the producer warpgroup (thread 0 loads tiles, warp 1 copies
+// rows, lanes 0 of warps 2 and 3 add the consumers' dQ tiles) and the two consumers.
+template <typename C, typename Consumer>
+__device__ __forceinline__ void run_backward_block(const BackwardArgs& args) {
+  const KernelParams& p = args.p;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t smem = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
+  const int hk = blockIdx.y, b = blockIdx.z;
+  const Sequence seq = Sequence::of(p, b);
+  const int n = blockIdx.x;  // the key block; the grid has one per key block of the longest sequence
+  if (n * C::kN >= seq.seqlen_k) return;
+  const KeyBlockWork w = KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n);
+
+  const BackwardBarriers<C::kStages> bars{smem + C::kBarrierOffset};
+  if (threadIdx.x == 0) {
+    mbarrier_init(bars.kv_full(), 1);
+    for (int s = 0; s < C::kStages; ++s) {
+      mbarrier_init(bars.full(s), 1 + 32);  // the TMA thread's expect-tx and the row warp's lanes
+      mbarrier_init(bars.empty(s), 256);  // every consumer thread: it also reads the stage's rows
+    }
+    for (int c = 0; c < 2; ++c) {
+      mbarrier_init(bars.dq_full(c), 128);  // the consumer's threads
+      mbarrier_init(bars.dq_empty(c), 1);   // its producer thread, once TMA has read the tile
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+
+  const int wg = int(threadIdx.x) / 128, warp = int(threadIdx.x) / 32;
+  if (wg == 0) {
+    registers_release<C::kProducerRegisters>();
+    if (threadIdx.x == 0) produce_tiles<C>(args, seq, b, hk, w, smem, bars);
+    if (warp == 1) produce_rows<C>(p, seq, w, smem, bars);
+    if (warp >= 2 && threadIdx.x % 32 == 0) reduce_dq_tiles<C>(args, seq, b, hk, n, w, smem, bars, warp - 2);
+  } else {
+    registers_claim<C::kConsumerRegisters>();
+    Consumer consumer{p, seq, b, hk, smem, bars, wg - 1};
+    consumer.run(w);
+  }
+}
+
 // One consumer warpgroup: 64 keys, dK and dV in registers.
 template <typename T, int kD, bool kGeneral>
 struct BackwardConsumer {
   using C = BackwardConfig<T, kD>;
-  using Elem = typename T::storage;
   static constexpr int kM = C::kM, kN = C::kN;
 
   const KernelParams& p;
@@ -272,56 +412,6 @@ struct BackwardConsumer {
     store_dk_dv(w);
   }
 
-  // Window::visible in 32-bit arithmetic, without branches.
-  static __device__ __forceinline__ bool visible(const semantics::Window& w, int i, int j) {
-    const int d = j - i - (w.seqlen_k - w.seqlen_q);  // key offset from the diagonal
-    return (j < w.seqlen_k) & (w.left < 0 | d >= -w.left) & (w.right < 0 | d <= w.right);
-  }
-
-  // S^T -> P^T = exp2(S^T - lse) in place, masked entries (and rows past the sequence, whose
-  // lse is +inf) 0. Returns softcap's derivative factor through `cap_grad` where it applies.
-  __device__ void to_probabilities(float (&st)[kM / 8][4], float (&cap_grad)[kM / 8][4], const float* lse2,
-                                   const ScoreRule& rule, int m0, int64_t j0) const {
-    const int lane = threadIdx.x % 32, key0 = int(j0) + 64 * wg + 16 * ((threadIdx.x % 128) / 32) + lane / 4;
-    auto query = [&](int jt, int e) { return 8 * jt + 2 * (lane % 4) + e % 2; };  // local query of [jt][e]
-    if (kGeneral) {
-#pragma unroll
-      for (int jt = 0; jt < kM / 8; ++jt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float& s = st[jt][e];
-          const float th = rule.softcap > 0.f ? tanhf(rule.scale * s / rule.softcap) : 0.f;
-          cap_grad[jt][e] = 1.f - th * th;
-          s = rule.transform(s, m0 + query(jt, e), key0 + 8 * (e / 2));
-        }
-    }
-    if (!rule.block_unmasked(m0, kM, j0, kN)) {
-#pragma unroll
-      for (int jt = 0; jt < kM / 8; ++jt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (!visible(rule.window, m0 + query(jt, e), key0 + 8 * (e / 2))) st[jt][e] = -INFINITY;
-    }
-    const float exp_scale = kGeneral ? 1.f : rule.exp_scale;
-#pragma unroll
-    for (int jt = 0; jt < kM / 8; ++jt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) st[jt][e] = fast_exp2(fmaf(st[jt][e], exp_scale, -lse2[query(jt, e)]));
-  }
-
-  // dP^T -> dS^T = P^T (dP^T - delta) (times softcap's derivative) in place.
-  __device__ void to_score_gradients(const float (&pt)[kM / 8][4], float (&dpt)[kM / 8][4],
-                                     const float (&cap_grad)[kM / 8][4], const float* delta) const {
-    const int lane = threadIdx.x % 32;
-#pragma unroll
-    for (int jt = 0; jt < kM / 8; ++jt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float ds = pt[jt][e] * (dpt[jt][e] - delta[8 * jt + 2 * (lane % 4) + e % 2]);
-        dpt[jt][e] = kGeneral ? ds * cap_grad[jt][e] : ds;
-      }
-  }
-
   __device__ void step(const KeyBlockWork& w, int s) {
     const int h = w.head(s), m0 = w.m_block(s) * kM;
     const RingSlot<C::kStages> slot = RingSlot<C::kStages>::of(s);
@@ -347,10 +437,13 @@ struct BackwardConsumer {
     fence_registers(flat<kM>(st));
     const ScoreRule rule = ScoreRule::make(p, seq, b, h);
     float cap_grad[kM / 8][4];
-    to_probabilities(st, cap_grad, rows(slot.stage), rule, m0, w.j0);
+    const int lane = threadIdx.x % 32, key0 = int(w.j0) + 64 * wg + 16 * ((threadIdx.x % 128) / 32) + lane / 4;
+    auto query = [&](int jt, int e) { return 8 * jt + 2 * (lane % 4) + e % 2; };  // local query of [jt][e]
+    auto key = [&](int e) { return key0 + 8 * (e / 2); };                        // key of [jt][e]
+    to_probabilities<kGeneral, kM, kN>(st, cap_grad, rows(slot.stage), rule, m0, w.j0, query, key);
     wgmma_wait<0>();
     fence_registers(flat<kM>(dpt));
-    to_score_gradients(st, dpt, cap_grad, rows(slot.stage) + kM);
+    to_score_gradients<kGeneral>(st, dpt, cap_grad, rows(slot.stage) + kM, query);
 
     // dV += P^T dO and dK += dS^T Q, the A operands straight from the accumulators.
     uint32_t pa[kM / 16][4], da[kM / 16][4];
@@ -419,24 +512,9 @@ struct BackwardConsumer {
     hand_over_dq(dq, s);
   }
 
-  // The dQ tile to this warpgroup's shared boxes once its producer thread's TMA has read the last.
+  // The dQ tile of step s to this warpgroup's shared boxes.
   __device__ void hand_over_dq(const float (&dq)[C::kDqCols / 8][4], int s) const {
-    mbarrier_wait(bars.dq_empty(wg), (uint32_t(s) & 1u) ^ 1u);
-    const int lane = threadIdx.x % 32, row = 16 * ((threadIdx.x % 128) / 32) + lane / 4;
-    const uint32_t tile = smem + C::kDqOffset + wg * C::DqTile::kBytes;
-    const bool swapped = dq_store_group(0, lane) != 0;  // stores group j ^ 2 in pass j: no bank conflicts
-#pragma unroll
-    for (int j = 0; j < C::kDqCols / 8; ++j)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const float x = swapped ? dq[j ^ 2][2 * half] : dq[j][2 * half];
-        const float y = swapped ? dq[j ^ 2][2 * half + 1] : dq[j][2 * half + 1];
-        const int col = 8 * dq_store_group(j, lane) + 2 * (lane % 4);
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(tile + C::DqTile::offset(row + 8 * half, col)), "f"(x),
-                     "f"(y));
-      }
-    fence_async_shared();  // the writes, before TMA reads them
-    mbarrier_arrive(bars.dq_full(wg));  // every thread: its part of the tile is written
+    hand_over_dq_tile<typename C::DqTile, C::kDqCols>(dq, smem + C::kDqOffset + wg * C::DqTile::kBytes, bars, wg, s);
   }
 
   // This thread's dS^T values (A-fragment words) into the [key][query] tile.
@@ -455,21 +533,9 @@ struct BackwardConsumer {
   // dK = scale * sum dS^T Q and dV of this warpgroup's valid keys and columns.
   __device__ void store_dk_dv(const KeyBlockWork& w) const {
     const int lane = threadIdx.x % 32;
-    Elem* dk_rows = operand_row<Elem>(p.dk, b, seq.k_start + w.j0, hk);
-    Elem* dv_rows = operand_row<Elem>(p.dv, b, seq.k_start + w.j0, hk);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int key = 64 * wg + 16 * ((threadIdx.x % 128) / 32) + lane / 4 + 8 * half;
-      if (key >= w.keys_valid) continue;
-#pragma unroll
-      for (int dt = 0; dt < kD / 8; ++dt) {
-        const int col = dt * 8 + 2 * (lane % 4);
-        if (col >= p.head_dim) continue;
-        *reinterpret_cast<uint32_t*>(dk_rows + key * p.dk.row + col) =
-            pack2<T>(dk[dt][2 * half] * p.scale, dk[dt][2 * half + 1] * p.scale);
-        *reinterpret_cast<uint32_t*>(dv_rows + key * p.dv.row + col) = pack2<T>(dv[dt][2 * half], dv[dt][2 * half + 1]);
-      }
-    }
+    auto key = [&](int half) { return 64 * wg + 16 * ((threadIdx.x % 128) / 32) + lane / 4 + 8 * half; };
+    auto col = [&](int dt) { return dt * 8 + 2 * (lane % 4); };
+    store_key_gradients<T, kD>(p, seq, b, hk, w, dk, dv, key, col);
   }
 };
 
@@ -477,42 +543,7 @@ struct BackwardConsumer {
 template <typename T, int kD, bool kGeneral>
 __global__ void __launch_bounds__(BackwardConfig<T, kD>::kThreads, 1)
     backward_kernel(const __grid_constant__ BackwardArgs args) {
-  using C = BackwardConfig<T, kD>;
-  const KernelParams& p = args.p;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const uint32_t smem = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
-  const int hk = blockIdx.y, b = blockIdx.z;
-  const Sequence seq = Sequence::of(p, b);
-  const int n = blockIdx.x;  // the key block; the grid has one per key block of the longest sequence
-  if (n * C::kN >= seq.seqlen_k) return;
-  const KeyBlockWork w = KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n);
-
-  const BackwardBarriers<C::kStages> bars{smem + C::kBarrierOffset};
-  if (threadIdx.x == 0) {
-    mbarrier_init(bars.kv_full(), 1);
-    for (int s = 0; s < C::kStages; ++s) {
-      mbarrier_init(bars.full(s), 1 + 32);  // the TMA thread's expect-tx and the row warp's lanes
-      mbarrier_init(bars.empty(s), 256);  // every consumer thread: it also reads the stage's rows
-    }
-    for (int c = 0; c < 2; ++c) {
-      mbarrier_init(bars.dq_full(c), 128);  // the consumer's threads
-      mbarrier_init(bars.dq_empty(c), 1);   // its producer thread, once TMA has read the tile
-    }
-    mbarrier_init_fence();
-  }
-  __syncthreads();
-
-  const int wg = int(threadIdx.x) / 128, warp = int(threadIdx.x) / 32;
-  if (wg == 0) {
-    registers_release<C::kProducerRegisters>();
-    if (threadIdx.x == 0) produce_tiles<C>(args, seq, b, hk, w, smem, bars);
-    if (warp == 1) produce_rows<C>(p, seq, w, smem, bars);
-    if (warp >= 2 && threadIdx.x % 32 == 0) reduce_dq_tiles<C>(args, seq, b, hk, n, w, smem, bars, warp - 2);
-  } else {
-    registers_claim<C::kConsumerRegisters>();
-    BackwardConsumer<T, kD, kGeneral> consumer{p, seq, b, hk, smem, bars, wg - 1};
-    consumer.run(w);
-  }
+  run_backward_block<BackwardConfig<T, kD>, BackwardConsumer<T, kD, kGeneral>>(args);
 }
 
 }  // namespace flashattn::cuda::sm90

@@ -52,7 +52,6 @@ constexpr int kWideTilesFree = 1, kWideTilesWritten = 2;
 template <typename T, int kD, bool kGeneral>
 struct WideBackwardConsumer {
   using C = WideBackwardConfig<T, kD>;
-  using Elem = typename T::storage;
   static constexpr int kM = C::kM, kN = C::kN, kQueries = C::kQueries, kCols = C::kCols;
   static constexpr int kRoundCols = kCols / C::kDqRounds;
 
@@ -113,17 +112,12 @@ struct WideBackwardConsumer {
     fence_registers(flat<kQueries>(st));
     const ScoreRule rule = ScoreRule::make(p, seq, b, h);
     float cap_grad[kQueries / 8][4];
-    to_probabilities(st, cap_grad, rule, m0, w.j0);
+    auto query = [this](int jt, int e) { return query_of(jt, e); };
+    auto key = [this, j0 = int(w.j0)](int e) { return j0 + key_of(e); };
+    to_probabilities<kGeneral, kM, kN>(st, cap_grad, rows(), rule, m0, w.j0, query, key);
     wgmma_wait<0>();
     fence_registers(flat<kQueries>(dpt));
-    const float* delta = rows() + kM;
-#pragma unroll
-    for (int jt = 0; jt < kQueries / 8; ++jt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float ds = st[jt][e] * (dpt[jt][e] - delta[query_of(jt, e)]);
-        dpt[jt][e] = kGeneral ? ds * cap_grad[jt][e] : ds;
-      }
+    to_score_gradients<kGeneral>(st, dpt, cap_grad, rows() + kM, query);
 
     // Both halves of P^T and dS^T into shared memory, once both consumers are done with the last.
     named_barrier_sync(kWideTilesFree, 256);
@@ -165,41 +159,6 @@ struct WideBackwardConsumer {
     }
   }
 
-  // Window::visible in 32-bit arithmetic, without branches.
-  static __device__ __forceinline__ bool visible(const semantics::Window& w, int i, int j) {
-    const int d = j - i - (w.seqlen_k - w.seqlen_q);
-    return (j < w.seqlen_k) & (w.left < 0 | d >= -w.left) & (w.right < 0 | d <= w.right);
-  }
-
-  // S^T -> P^T = exp2(S^T - lse) in place, masked entries 0 (rows past the sequence have lse +inf).
-  __device__ void to_probabilities(float (&st)[kQueries / 8][4], float (&cap_grad)[kQueries / 8][4],
-                                   const ScoreRule& rule, int m0, int64_t j0) const {
-    const float* lse2 = rows();
-    if (kGeneral) {
-#pragma unroll
-      for (int jt = 0; jt < kQueries / 8; ++jt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float& s = st[jt][e];
-          const float th = rule.softcap > 0.f ? tanhf(rule.scale * s / rule.softcap) : 0.f;
-          cap_grad[jt][e] = 1.f - th * th;
-          s = rule.transform(s, m0 + query_of(jt, e), int(j0) + key_of(e));
-        }
-    }
-    if (!rule.block_unmasked(m0, kM, j0, kN)) {
-#pragma unroll
-      for (int jt = 0; jt < kQueries / 8; ++jt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (!visible(rule.window, m0 + query_of(jt, e), int(j0) + key_of(e))) st[jt][e] = -INFINITY;
-    }
-    const float exp_scale = kGeneral ? 1.f : rule.exp_scale;
-#pragma unroll
-    for (int jt = 0; jt < kQueries / 8; ++jt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) st[jt][e] = fast_exp2(fmaf(st[jt][e], exp_scale, -lse2[query_of(jt, e)]));
-  }
-
   // This thread's accumulator pairs, in T, into a [key][query] tile.
   __device__ void store_tile(const float (&acc)[kQueries / 8][4], uint32_t tile) const {
 #pragma unroll
@@ -211,84 +170,25 @@ struct WideBackwardConsumer {
       }
   }
 
-  // A dQ round to this consumer's shared boxes once its producer thread's TMA has read the last.
+  // A dQ round to this consumer's shared boxes.
   __device__ void hand_over_dq(const float (&dq)[kRoundCols / 8][4]) {
-    mbarrier_wait(bars.dq_empty(wg), (uint32_t(rounds) & 1u) ^ 1u);
-    const int lane = threadIdx.x % 32, row = 16 * ((threadIdx.x % 128) / 32) + lane / 4;
     const uint32_t tile = smem + C::kDqOffset + wg * C::DqTile::kBytes;
-    const bool swapped = dq_store_group(0, lane) != 0;  // stores group j ^ 2 in pass j: no bank conflicts
-#pragma unroll
-    for (int j = 0; j < kRoundCols / 8; ++j)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const float x = swapped ? dq[j ^ 2][2 * half] : dq[j][2 * half];
-        const float y = swapped ? dq[j ^ 2][2 * half + 1] : dq[j][2 * half + 1];
-        const int col = 8 * dq_store_group(j, lane) + 2 * (lane % 4);
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(tile + C::DqTile::offset(row + 8 * half, col)), "f"(x),
-                     "f"(y));
-      }
-    fence_async_shared();
-    mbarrier_arrive(bars.dq_full(wg));
+    hand_over_dq_tile<typename C::DqTile, kRoundCols>(dq, tile, bars, wg, rounds);
     ++rounds;
   }
 
   // dK = scale * sum dS^T Q and dV of the valid keys, this consumer's columns.
   __device__ void store_dk_dv(const KeyBlockWork& w) const {
-    Elem* dk_rows = operand_row<Elem>(p.dk, b, seq.k_start + w.j0, hk);
-    Elem* dv_rows = operand_row<Elem>(p.dv, b, seq.k_start + w.j0, hk);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int key = key_of(2 * half);
-      if (key >= w.keys_valid) continue;
-#pragma unroll
-      for (int dt = 0; dt < kCols / 8; ++dt) {
-        const int col = kCols * wg + dt * 8 + 2 * (threadIdx.x % 4);
-        if (col >= p.head_dim) continue;
-        *reinterpret_cast<uint32_t*>(dk_rows + key * p.dk.row + col) =
-            pack2<T>(dk[dt][2 * half] * p.scale, dk[dt][2 * half + 1] * p.scale);
-        *reinterpret_cast<uint32_t*>(dv_rows + key * p.dv.row + col) = pack2<T>(dv[dt][2 * half], dv[dt][2 * half + 1]);
-      }
-    }
+    auto key = [this](int half) { return key_of(2 * half); };
+    auto col = [this](int dt) { return int(kCols * wg + dt * 8 + 2 * (threadIdx.x % 4)); };
+    store_key_gradients<T, kCols>(p, seq, b, hk, w, dk, dv, key, col);
   }
 };
 
 template <typename T, int kD, bool kGeneral>
 __global__ void __launch_bounds__(WideBackwardConfig<T, kD>::kThreads, 1)
     wide_backward_kernel(const __grid_constant__ BackwardArgs args) {
-  using C = WideBackwardConfig<T, kD>;
-  const KernelParams& p = args.p;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const uint32_t smem = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
-  const int hk = blockIdx.y, b = blockIdx.z;
-  const Sequence seq = Sequence::of(p, b);
-  const int n = blockIdx.x;
-  if (n * C::kN >= seq.seqlen_k) return;
-  const KeyBlockWork w = KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n);
-
-  const BackwardBarriers<C::kStages> bars{smem + C::kBarrierOffset};
-  if (threadIdx.x == 0) {
-    mbarrier_init(bars.kv_full(), 1);
-    mbarrier_init(bars.full(0), 1 + 32);  // the TMA thread's expect-tx and the row warp's lanes
-    mbarrier_init(bars.empty(0), 256);    // every consumer thread
-    for (int c = 0; c < 2; ++c) {
-      mbarrier_init(bars.dq_full(c), 128);
-      mbarrier_init(bars.dq_empty(c), 1);
-    }
-    mbarrier_init_fence();
-  }
-  __syncthreads();
-
-  const int wg = int(threadIdx.x) / 128, warp = int(threadIdx.x) / 32;
-  if (wg == 0) {
-    registers_release<C::kProducerRegisters>();
-    if (threadIdx.x == 0) produce_tiles<C>(args, seq, b, hk, w, smem, bars);
-    if (warp == 1) produce_rows<C>(p, seq, w, smem, bars);
-    if (warp >= 2 && threadIdx.x % 32 == 0) reduce_dq_tiles<C>(args, seq, b, hk, n, w, smem, bars, warp - 2);
-  } else {
-    registers_claim<C::kConsumerRegisters>();
-    WideBackwardConsumer<T, kD, kGeneral> consumer{p, seq, b, hk, smem, bars, wg - 1};
-    consumer.run(w);
-  }
+  run_backward_block<WideBackwardConfig<T, kD>, WideBackwardConsumer<T, kD, kGeneral>>(args);
 }
 
 }  // namespace flashattn::cuda::sm90

@@ -49,10 +49,9 @@ constexpr bool forward_persistent(int head_dim) { return head_dim <= 128; }
 // full and empty.
 constexpr int forward_barriers(int stages) { return 2 + 4 * stages + 4; }
 
-
 // Dynamic shared memory of the forward: Q, the K and V stages, the O tile (forward_persistent),
-// the mbarriers, the tile slots (16 bytes), and 1 KiB of slack to align the tiles to the 1024-byte period
-// of the swizzle.
+// the mbarriers, the tile slots (16 bytes), and 1 KiB of slack to align the tiles to the
+// 1024-byte period of the swizzle.
 constexpr int forward_smem_bytes(int head_dim) {
   const ForwardShape s = forward_shape(head_dim);
   const int output = forward_persistent(head_dim) ? 2 * head_dim * s.block_m : 0;
