@@ -1,13 +1,14 @@
 // Forward attention on sm_90a: TMA, wgmma and warp specialisation (the FlashAttention-3 scheme).
 //
-// A block of three warpgroups owns a tile of 128 query rows of one (batch, head). The producer
+// A block of a producer and two or three consumer warpgroups owns a tile of 128 or 192 query
+// rows of one (batch, head) (forward_shape). The producer
 // warpgroup gives up its registers and one thread streams Q once and K/V tiles through a ring of
 // shared-memory stages by TMA, each stage guarded by a `full` mbarrier (bytes landed) and an
 // `empty` one (consumers done). Each consumer warpgroup owns 64 query rows: S = Q K^T with both
 // operands in shared memory, the online softmax in registers, O += P V with P straight from the
 // score registers. Within a warpgroup, the softmax of block n runs while the tensor cores do
-// P V of block n + 1; across the two warpgroups, a pair of named barriers makes them take turns
-// issuing GEMMs (pingpong), so one's softmax hides under the other's matrix work. Key blocks are
+// P V of block n + 1; across the warpgroups, named barriers make them take turns issuing GEMMs
+// (pingpong), so one's softmax hides under the others' matrix work. Key blocks are
 // visited last to first, so only the first ones meet the causal diagonal or the end of the keys.
 //
 // Up to d = 128 the grid is persistent (forward_persistent): one block per multiprocessor takes
@@ -60,15 +61,15 @@ struct ForwardConfig {
   static constexpr int kTileSlotOffset = kBarrierOffset + 8 * kBarriers;
   static constexpr int kSmemBytes = kTileSlotOffset + 16 + 1024;  // + slack to align the base
   static_assert(kSmemBytes == forward_smem_bytes(kD), "the host reads the same size");
-  // Register budgets after reallocation (multiples of 8; 128 * producer + 256 * consumer <= 64 K).
-  static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
-  static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 384 * 168,
-                "setmaxnreg moves registers inside the block's launch allocation (168 per thread)");
-  static_assert(kConsumers == 2, "the pingpong and register budgets assume two consumer warpgroups");
+  // Register budgets after reallocation (multiples of 8), within the block's launch allocation
+  // (64 K registers shared by kThreads threads, in multiples of 8 per thread).
+  static constexpr int kProducerRegisters = 24, kConsumerRegisters = kConsumers == 2 ? 240 : 160;
+  static_assert(128 * kProducerRegisters + 128 * kConsumers * kConsumerRegisters <= kThreads * (65536 / kThreads / 8 * 8),
+                "setmaxnreg moves registers inside the block's launch allocation");
+  static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups");
+  // Named barriers: 1 + c is consumer c's turn to issue GEMMs, 1 + kConsumers + c its epilogue.
+  static constexpr int kTurnBarrier = 1, kEpilogueBarrier = 1 + kConsumers;
 };
-
-// Named barriers: 1 + c is consumer c's turn to issue GEMMs; 3 + c its epilogue.
-constexpr int kTurnBarrier = 1, kEpilogueBarrier = 3;
 
 // The mbarriers of the ring, in the order they sit in shared memory.
 template <int kStages>
@@ -234,12 +235,13 @@ struct Consumer {
   __device__ uint32_t k_tile(int stage) const { return smem + C::kKOffset + stage * C::KVTile::kBytes; }
   __device__ uint32_t v_tile(int stage) const { return smem + C::kVOffset + stage * C::KVTile::kBytes; }
 
-  // Waits for this warpgroup's turn at the tensor cores / hands the turn to the other one.
+  // Waits for this warpgroup's turn at the tensor cores / hands the turn to the next one (the
+  // turn goes round the consumers in order).
   __device__ void take_turn() const {
-    if (C::kPingpong) named_barrier_sync(kTurnBarrier + wg, 256);
+    if (C::kPingpong) named_barrier_sync(C::kTurnBarrier + wg, 256);
   }
   __device__ void pass_turn() const {
-    if (C::kPingpong) named_barrier_arrive(kTurnBarrier + (wg ^ 1), 256);
+    if (C::kPingpong) named_barrier_arrive(C::kTurnBarrier + (wg + 1) % C::kConsumers, 256);
   }
   // One arrival per warp frees a stage once all of this warpgroup's wgmma reading it are done.
   __device__ static void release(uint32_t bar) {
@@ -277,7 +279,7 @@ struct Consumer {
   // phase of its Q load.
   __device__ void run(KeyBlocks blocks, int ring, uint32_t q_parity) {
     if (blocks.begin >= blocks.end) return;
-    if (C::kPingpong && wg == 1) named_barrier_arrive(kTurnBarrier + 0, 256);  // consumer 0 goes first
+    if (wg == C::kConsumers - 1) pass_turn();  // consumer 0 goes first
     mbarrier_wait(bars.q_full(), q_parity);
     float s[kN / 8][4];
     uint32_t pa[kN / 16][4];
@@ -322,13 +324,13 @@ struct Consumer {
     // Every S = Q K^T of the tile is done: with O staged elsewhere, Q's tile is free.
     if (C::kPersistent) release(bars.q_empty());
 
-    // Last P V. Consumer 1 passes no turn: consumer 0 takes none after this.
+    // Last P V. The last consumer passes no turn: consumer 0 takes none after this.
     slot = RingSlot<C::kStages>::of(ring + i);
     mbarrier_wait(bars.v_full(slot.stage), slot.parity);
     take_turn();
     wgmma_fence();
     issue_output(pa, slot.stage);
-    if (wg == 0) pass_turn();
+    if (wg != C::kConsumers - 1) pass_turn();
     wgmma_wait<0>();
     fence_registers(flat<kD>(o));
     release(bars.v_empty(slot.stage));
@@ -359,14 +361,14 @@ struct Consumer {
       forward_detail::store_lse(p, t.b, t.h, t.seq, row0, lse);
       const uint32_t staging = smem + (C::kPersistent ? C::kOOffset : 0);
       unsigned char* tile = reinterpret_cast<unsigned char*>(__cvta_shared_to_generic(staging));
-      named_barrier_sync(kEpilogueBarrier + wg, 128);  // the previous tile's stores have read the tile
+      named_barrier_sync(C::kEpilogueBarrier + wg, 128);  // the previous tile's stores have read the tile
 #pragma unroll
       for (int dt = 0; dt < kD / 8; ++dt)
 #pragma unroll
         for (int half = 0; half < 2; ++half)
           *reinterpret_cast<uint32_t*>(tile + QTile::offset(warp_row + g + 8 * half, dt * 8 + 2 * q)) =
               pack2<T>(o[dt][2 * half], o[dt][2 * half + 1]);
-      named_barrier_sync(kEpilogueBarrier + wg, 128);
+      named_barrier_sync(C::kEpilogueBarrier + wg, 128);
 #pragma unroll 4
       for (int c = threadIdx.x % 128; c < 64 * kChunksPerRow; c += 128) {
         const int row = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
@@ -453,7 +455,9 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads, 1)
   }
   __syncthreads();
 
-  const int wg = int(threadIdx.x) / 128;
+  // Read through a shuffle from lane 0 so that the compiler knows it is the same in the whole warp
+  // and keeps what derives from it (barrier ids, descriptors) in uniform registers.
+  const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
   if (wg == 0) {
     registers_release<C::kProducerRegisters>();
     if (threadIdx.x == 0) produce<C>(args, smem);

@@ -11,12 +11,15 @@ struct ForwardShape {
   bool pingpong;                 // consumer warpgroups take turns issuing their GEMMs
 };
 
-// Two consumer warpgroups of 64 query rows. Keys per step are bounded by registers (a consumer
+// Consumer warpgroups of 64 query rows. Keys per step are bounded by registers (a consumer
 // thread holds d/2 output and block_n/2 score accumulators, plus block_n/4 words of P) and by
 // shared memory (Q plus two stages of K and V). Pingpong pays where the softmax is a large share
-// of a step's time, i.e. for head dims up to 128.
+// of a step's time, i.e. for head dims up to 128; at d = 64, where a step's GEMMs take about as
+// long as its softmax, three consumers give each one's softmax the time of two others' GEMMs
+// (their 160 registers still hold O, S and P).
 constexpr ForwardShape forward_shape(int head_dim) {
-  return head_dim <= 128   ? ForwardShape{128, 128, 2, true}
+  return head_dim <= 64    ? ForwardShape{192, 96, 2, true}
+         : head_dim <= 128 ? ForwardShape{128, 128, 2, true}
          : head_dim <= 192 ? ForwardShape{128, 96, 2, false}
                            : ForwardShape{128, 64, 2, false};
 }
