@@ -41,9 +41,9 @@ struct ForwardArgs {
   KernelParams p;
 };
 
-template <typename T, int kD>
+template <typename T, int kD, bool kTall>
 struct ForwardConfig {
-  static constexpr ForwardShape kShape = forward_shape(kD);
+  static constexpr ForwardShape kShape = forward_shape(kD, kTall);
   static constexpr int kM = kShape.block_m, kN = kShape.block_n, kStages = kShape.stages;
   static constexpr bool kPingpong = kShape.pingpong;
   static constexpr int kConsumers = kM / 64;
@@ -60,7 +60,7 @@ struct ForwardConfig {
   static constexpr int kBarriers = forward_barriers(kStages);
   static constexpr int kTileSlotOffset = kBarrierOffset + 8 * kBarriers;
   static constexpr int kSmemBytes = kTileSlotOffset + 16 + 1024;  // + slack to align the base
-  static_assert(kSmemBytes == forward_smem_bytes(kD), "the host reads the same size");
+  static_assert(kSmemBytes == forward_smem_bytes(kD, kTall), "the host reads the same size");
   // Register budgets after reallocation (multiples of 8), within the block's launch allocation
   // (64 K registers shared by kThreads threads, in multiples of 8 per thread).
   static constexpr int kProducerRegisters = 24, kConsumerRegisters = kConsumers == 2 ? 240 : 160;
@@ -216,9 +216,9 @@ __device__ void produce(const ForwardArgs& args, uint32_t smem) {
 }
 
 // One consumer warpgroup: 64 query rows through every key block of the tile.
-template <typename T, int kD, bool kGeneral>
+template <typename T, int kD, bool kTall, bool kGeneral>
 struct Consumer {
-  using C = ForwardConfig<T, kD>;
+  using C = ForwardConfig<T, kD, kTall>;
   static constexpr int kN = C::kN;
   using Elem = typename T::storage;
 
@@ -387,9 +387,9 @@ struct Consumer {
 };
 
 // One consumer warpgroup's work on tile `index`; `ring` and `q_loads` advance past it.
-template <typename T, int kD, bool kGeneral>
+template <typename T, int kD, bool kTall, bool kGeneral>
 __device__ void consume_tile(const KernelParams& p, uint32_t smem, int wg, int index, int& ring, uint32_t& q_loads) {
-  using C = ForwardConfig<T, kD>;
+  using C = ForwardConfig<T, kD, kTall>;
   const TileOrder order = TileOrder::of(p, C::kM);
   const ForwardTile t = order.tile(p, index, C::kM);
   if (t.m0 >= t.seq.seqlen_q) return;
@@ -397,7 +397,7 @@ __device__ void consume_tile(const KernelParams& p, uint32_t smem, int wg, int i
   const KeyBlocks blocks = KeyBlocks::of(rule, t.seq, t.m0, C::kM, C::kN, p.num_splits, t.split);
   const bool had_keys = blocks.begin < blocks.end;
   const int row0 = t.m0 + 64 * wg + 16 * ((int(threadIdx.x) % 128) / 32);
-  Consumer<T, kD, kGeneral> consumer{p, rule, t.m0, smem, Barriers<C::kStages>{smem + C::kBarrierOffset}, wg, row0};
+  Consumer<T, kD, kTall, kGeneral> consumer{p, rule, t.m0, smem, Barriers<C::kStages>{smem + C::kBarrierOffset}, wg, row0};
   consumer.run(blocks, ring, q_loads & 1u);
   consumer.finish(order.tile(p, index, C::kM), had_keys);  // recomputed: t need not live through run()
   if (had_keys) {
@@ -407,13 +407,13 @@ __device__ void consume_tile(const KernelParams& p, uint32_t smem, int wg, int i
 }
 
 // One consumer warpgroup: its block's tile, or (persistent) the tiles the producer publishes.
-template <typename T, int kD, bool kGeneral>
+template <typename T, int kD, bool kTall, bool kGeneral>
 __device__ void consume(const KernelParams& p, uint32_t smem, int wg) {
-  using C = ForwardConfig<T, kD>;
+  using C = ForwardConfig<T, kD, kTall>;
   int ring = 0;
   uint32_t q_loads = 0;
   if constexpr (!C::kPersistent) {
-    consume_tile<T, kD, kGeneral>(p, smem, wg, int(blockIdx.x), ring, q_loads);
+    consume_tile<T, kD, kTall, kGeneral>(p, smem, wg, int(blockIdx.x), ring, q_loads);
   } else {
     const int total = TileOrder::of(p, C::kM).total;
     const Barriers<C::kStages> bars{smem + C::kBarrierOffset};
@@ -423,16 +423,16 @@ __device__ void consume(const KernelParams& p, uint32_t smem, int wg) {
       const int index = slots.read(j % 2);
       mbarrier_arrive(bars.tile_empty(j % 2));
       if (index >= total) return;
-      consume_tile<T, kD, kGeneral>(p, smem, wg, index, ring, q_loads);
+      consume_tile<T, kD, kTall, kGeneral>(p, smem, wg, index, ring, q_loads);
     }
   }
 }
 
 // kGeneral: scores need ScoreRule::transform (softcap, ALiBi, non-positive scale).
-template <typename T, int kD, bool kGeneral>
-__global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads, 1)
+template <typename T, int kD, bool kTall, bool kGeneral>
+__global__ void __launch_bounds__(ForwardConfig<T, kD, kTall>::kThreads, 1)
     forward_kernel(const __grid_constant__ ForwardArgs args) {
-  using C = ForwardConfig<T, kD>;
+  using C = ForwardConfig<T, kD, kTall>;
   const KernelParams& p = args.p;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t smem = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
@@ -463,7 +463,7 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads, 1)
     if (threadIdx.x == 0) produce<C>(args, smem);
   } else {
     registers_claim<C::kConsumerRegisters>();
-    consume<T, kD, kGeneral>(p, smem, wg - 1);
+    consume<T, kD, kTall, kGeneral>(p, smem, wg - 1);
   }
 }
 
