@@ -1,5 +1,6 @@
 // The tile order of the persistent sm90 forward (cuda/sm90/tile_shapes.h): every tile exactly
-// once, head-major, a head's query tiles last-first, splits innermost.
+// once, head-major, a head's query tiles last-first, splits innermost; and its choice of tile
+// shape.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -9,6 +10,8 @@
 
 namespace {
 
+using flashattn::cuda::sm90::forward_shape;
+using flashattn::cuda::sm90::forward_tall;
 using flashattn::cuda::sm90::forward_tile_at;
 
 TEST(ForwardTileOrder, VisitsEveryTileOnceHeadMajorLongestFirst) {
@@ -34,6 +37,19 @@ TEST(ForwardTileOrder, VisitsEveryTileOnceHeadMajorLongestFirst) {
       previous_m = c.m_block;
     }
     EXPECT_EQ(int(seen.size()), batch * heads * m_blocks * splits);
+  }
+}
+
+// Tall tiles (three consumers, 192 rows) only at d <= 64, and only where they compute at most 4%
+// more rows than 128-row tiles.
+TEST(ForwardTileShape, TallTilesWhereTheyWasteNoRows) {
+  EXPECT_EQ(forward_shape(64, true).block_m, 192);
+  EXPECT_EQ(forward_shape(64, false).block_m, 128);
+  for (int64_t n : {129, 150, 192, 2048, 4096, 16384, 16000}) EXPECT_TRUE(forward_tall(64, n)) << "N = " << n;
+  for (int64_t n : {1, 17, 64, 128, 193, 256, 1000, 1024}) EXPECT_FALSE(forward_tall(64, n)) << "N = " << n;
+  for (int64_t n : {150, 4096, 16384}) {
+    EXPECT_FALSE(forward_tall(128, n)) << "N = " << n;
+    EXPECT_FALSE(forward_tall(256, n)) << "N = " << n;
   }
 }
 

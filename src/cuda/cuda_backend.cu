@@ -141,8 +141,10 @@ int forward_splits(const Params& p, const ForwardChoice& c) {
 ForwardChoice choose_forward(const Params& p) {
   ForwardChoice c;
   if (const HopperVariant* hopper = hopper_kernel(p, kHopperForwards)) {
-    const sm90::ForwardShape s = sm90::forward_shape(hopper->head_dim);
-    c = {hopper->launch, hopper->head_dim, s.block_m, s.block_n, 1, sm90::forward_smem_bytes(hopper->head_dim), true};
+    const bool tall = sm90::forward_tall(hopper->head_dim, p.seqlen_q);
+    const sm90::ForwardShape s = sm90::forward_shape(hopper->head_dim, tall);
+    c = {hopper->launch, hopper->head_dim, s.block_m, s.block_n, 1, sm90::forward_smem_bytes(hopper->head_dim, tall),
+         true};
   } else {
     const int padded = padded_head_dim(p.head_dim);
     const Variant* v = padded ? find_variant(p.dtype, padded) : nullptr;

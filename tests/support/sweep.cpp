@@ -114,10 +114,11 @@ std::vector<NamedCase> feature_sweep(flashattn_dtype t, const std::vector<int>& 
   varlen_bhsd.layout = Layout::bhsd;
   s.push_back({"varlen_window_bhsd", varlen_bhsd});
   // More tiles than a GPU has multiprocessors (a grid that hands out tiles in several rounds).
-  s.push_back({"many_tiles_causal_gqa", causal(dense(t, d, 3, 24, 6, 160, 160))});  // 144 tiles of 128 rows
+  // 144 tiles of 192 rows at d <= 64 (sm90::forward_tall), 288 of 128 rows above.
+  s.push_back({"many_tiles_causal_gqa", causal(dense(t, d, 4, 36, 6, 160, 160))});
   std::vector<int> lengths_q, lengths_k;
   for (int i = 0; i < 16; ++i) {
-    lengths_q.push_back((i * 97) % 181);  // 0, 97, 13, 110, 26, ...: empty and partial tiles
+    lengths_q.push_back((i * 97) % 241);  // 0, 97, 194, 50, 147, ...: empty and partial 128-row tiles
     lengths_k.push_back((i * 61 + 40) % 170);
   }
   s.push_back({"varlen_many_tiles_causal", causal(varlen(t, d, 6, 2, lengths_q, lengths_k))});

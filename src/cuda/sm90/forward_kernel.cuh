@@ -1,13 +1,14 @@
 // Forward attention on sm_90a: TMA, wgmma and warp specialisation (the FlashAttention-3 scheme).
 //
-// A block of three warpgroups owns a tile of 128 query rows of one (batch, head). The producer
+// A block of a producer and two or three consumer warpgroups owns a tile of 128 or 192 query
+// rows of one (batch, head) (forward_shape). The producer
 // warpgroup gives up its registers and one thread streams Q once and K/V tiles through a ring of
 // shared-memory stages by TMA, each stage guarded by a `full` mbarrier (bytes landed) and an
 // `empty` one (consumers done). Each consumer warpgroup owns 64 query rows: S = Q K^T with both
 // operands in shared memory, the online softmax in registers, O += P V with P straight from the
 // score registers. Within a warpgroup, the softmax of block n runs while the tensor cores do
-// P V of block n + 1; across the two warpgroups, a pair of named barriers makes them take turns
-// issuing GEMMs (pingpong), so one's softmax hides under the other's matrix work. Key blocks are
+// P V of block n + 1; across the warpgroups, named barriers make them take turns issuing GEMMs
+// (pingpong), so one's softmax hides under the others' matrix work. Key blocks are
 // visited last to first, so only the first ones meet the causal diagonal or the end of the keys.
 //
 // Up to d = 128 the grid is persistent (forward_persistent): one block per multiprocessor takes
@@ -40,9 +41,9 @@ struct ForwardArgs {
   KernelParams p;
 };
 
-template <typename T, int kD>
+template <typename T, int kD, bool kTall>
 struct ForwardConfig {
-  static constexpr ForwardShape kShape = forward_shape(kD);
+  static constexpr ForwardShape kShape = forward_shape(kD, kTall);
   static constexpr int kM = kShape.block_m, kN = kShape.block_n, kStages = kShape.stages;
   static constexpr bool kPingpong = kShape.pingpong;
   static constexpr int kConsumers = kM / 64;
@@ -59,16 +60,16 @@ struct ForwardConfig {
   static constexpr int kBarriers = forward_barriers(kStages);
   static constexpr int kTileSlotOffset = kBarrierOffset + 8 * kBarriers;
   static constexpr int kSmemBytes = kTileSlotOffset + 16 + 1024;  // + slack to align the base
-  static_assert(kSmemBytes == forward_smem_bytes(kD), "the host reads the same size");
-  // Register budgets after reallocation (multiples of 8; 128 * producer + 256 * consumer <= 64 K).
-  static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
-  static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 384 * 168,
-                "setmaxnreg moves registers inside the block's launch allocation (168 per thread)");
-  static_assert(kConsumers == 2, "the pingpong and register budgets assume two consumer warpgroups");
+  static_assert(kSmemBytes == forward_smem_bytes(kD, kTall), "the host reads the same size");
+  // Register budgets after reallocation (multiples of 8), within the block's launch allocation
+  // (64 K registers shared by kThreads threads, in multiples of 8 per thread).
+  static constexpr int kProducerRegisters = 24, kConsumerRegisters = kConsumers == 2 ? 240 : 160;
+  static_assert(128 * kProducerRegisters + 128 * kConsumers * kConsumerRegisters <= kThreads * (65536 / kThreads / 8 * 8),
+                "setmaxnreg moves registers inside the block's launch allocation");
+  static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups");
+  // Named barriers: 1 + c is consumer c's turn to issue GEMMs, 1 + kConsumers + c its epilogue.
+  static constexpr int kTurnBarrier = 1, kEpilogueBarrier = 1 + kConsumers;
 };
-
-// Named barriers: 1 + c is consumer c's turn to issue GEMMs; 3 + c its epilogue.
-constexpr int kTurnBarrier = 1, kEpilogueBarrier = 3;
 
 // The mbarriers of the ring, in the order they sit in shared memory.
 template <int kStages>
@@ -215,9 +216,9 @@ __device__ void produce(const ForwardArgs& args, uint32_t smem) {
 }
 
 // One consumer warpgroup: 64 query rows through every key block of the tile.
-template <typename T, int kD, bool kGeneral>
+template <typename T, int kD, bool kTall, bool kGeneral>
 struct Consumer {
-  using C = ForwardConfig<T, kD>;
+  using C = ForwardConfig<T, kD, kTall>;
   static constexpr int kN = C::kN;
   using Elem = typename T::storage;
 
@@ -234,12 +235,13 @@ struct Consumer {
   __device__ uint32_t k_tile(int stage) const { return smem + C::kKOffset + stage * C::KVTile::kBytes; }
   __device__ uint32_t v_tile(int stage) const { return smem + C::kVOffset + stage * C::KVTile::kBytes; }
 
-  // Waits for this warpgroup's turn at the tensor cores / hands the turn to the other one.
+  // Waits for this warpgroup's turn at the tensor cores / hands the turn to the next one (the
+  // turn goes round the consumers in order).
   __device__ void take_turn() const {
-    if (C::kPingpong) named_barrier_sync(kTurnBarrier + wg, 256);
+    if (C::kPingpong) named_barrier_sync(C::kTurnBarrier + wg, 256);
   }
   __device__ void pass_turn() const {
-    if (C::kPingpong) named_barrier_arrive(kTurnBarrier + (wg ^ 1), 256);
+    if (C::kPingpong) named_barrier_arrive(C::kTurnBarrier + (wg + 1) % C::kConsumers, 256);
   }
   // One arrival per warp frees a stage once all of this warpgroup's wgmma reading it are done.
   __device__ static void release(uint32_t bar) {
@@ -277,7 +279,7 @@ struct Consumer {
   // phase of its Q load.
   __device__ void run(KeyBlocks blocks, int ring, uint32_t q_parity) {
     if (blocks.begin >= blocks.end) return;
-    if (C::kPingpong && wg == 1) named_barrier_arrive(kTurnBarrier + 0, 256);  // consumer 0 goes first
+    if (wg == C::kConsumers - 1) pass_turn();  // consumer 0 goes first
     mbarrier_wait(bars.q_full(), q_parity);
     float s[kN / 8][4];
     uint32_t pa[kN / 16][4];
@@ -322,13 +324,13 @@ struct Consumer {
     // Every S = Q K^T of the tile is done: with O staged elsewhere, Q's tile is free.
     if (C::kPersistent) release(bars.q_empty());
 
-    // Last P V. Consumer 1 passes no turn: consumer 0 takes none after this.
+    // Last P V. The last consumer passes no turn: consumer 0 takes none after this.
     slot = RingSlot<C::kStages>::of(ring + i);
     mbarrier_wait(bars.v_full(slot.stage), slot.parity);
     take_turn();
     wgmma_fence();
     issue_output(pa, slot.stage);
-    if (wg == 0) pass_turn();
+    if (wg != C::kConsumers - 1) pass_turn();
     wgmma_wait<0>();
     fence_registers(flat<kD>(o));
     release(bars.v_empty(slot.stage));
@@ -359,14 +361,14 @@ struct Consumer {
       forward_detail::store_lse(p, t.b, t.h, t.seq, row0, lse);
       const uint32_t staging = smem + (C::kPersistent ? C::kOOffset : 0);
       unsigned char* tile = reinterpret_cast<unsigned char*>(__cvta_shared_to_generic(staging));
-      named_barrier_sync(kEpilogueBarrier + wg, 128);  // the previous tile's stores have read the tile
+      named_barrier_sync(C::kEpilogueBarrier + wg, 128);  // the previous tile's stores have read the tile
 #pragma unroll
       for (int dt = 0; dt < kD / 8; ++dt)
 #pragma unroll
         for (int half = 0; half < 2; ++half)
           *reinterpret_cast<uint32_t*>(tile + QTile::offset(warp_row + g + 8 * half, dt * 8 + 2 * q)) =
               pack2<T>(o[dt][2 * half], o[dt][2 * half + 1]);
-      named_barrier_sync(kEpilogueBarrier + wg, 128);
+      named_barrier_sync(C::kEpilogueBarrier + wg, 128);
 #pragma unroll 4
       for (int c = threadIdx.x % 128; c < 64 * kChunksPerRow; c += 128) {
         const int row = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
@@ -385,9 +387,9 @@ struct Consumer {
 };
 
 // One consumer warpgroup's work on tile `index`; `ring` and `q_loads` advance past it.
-template <typename T, int kD, bool kGeneral>
+template <typename T, int kD, bool kTall, bool kGeneral>
 __device__ void consume_tile(const KernelParams& p, uint32_t smem, int wg, int index, int& ring, uint32_t& q_loads) {
-  using C = ForwardConfig<T, kD>;
+  using C = ForwardConfig<T, kD, kTall>;
   const TileOrder order = TileOrder::of(p, C::kM);
   const ForwardTile t = order.tile(p, index, C::kM);
   if (t.m0 >= t.seq.seqlen_q) return;
@@ -395,7 +397,7 @@ __device__ void consume_tile(const KernelParams& p, uint32_t smem, int wg, int i
   const KeyBlocks blocks = KeyBlocks::of(rule, t.seq, t.m0, C::kM, C::kN, p.num_splits, t.split);
   const bool had_keys = blocks.begin < blocks.end;
   const int row0 = t.m0 + 64 * wg + 16 * ((int(threadIdx.x) % 128) / 32);
-  Consumer<T, kD, kGeneral> consumer{p, rule, t.m0, smem, Barriers<C::kStages>{smem + C::kBarrierOffset}, wg, row0};
+  Consumer<T, kD, kTall, kGeneral> consumer{p, rule, t.m0, smem, Barriers<C::kStages>{smem + C::kBarrierOffset}, wg, row0};
   consumer.run(blocks, ring, q_loads & 1u);
   consumer.finish(order.tile(p, index, C::kM), had_keys);  // recomputed: t need not live through run()
   if (had_keys) {
@@ -405,13 +407,13 @@ __device__ void consume_tile(const KernelParams& p, uint32_t smem, int wg, int i
 }
 
 // One consumer warpgroup: its block's tile, or (persistent) the tiles the producer publishes.
-template <typename T, int kD, bool kGeneral>
+template <typename T, int kD, bool kTall, bool kGeneral>
 __device__ void consume(const KernelParams& p, uint32_t smem, int wg) {
-  using C = ForwardConfig<T, kD>;
+  using C = ForwardConfig<T, kD, kTall>;
   int ring = 0;
   uint32_t q_loads = 0;
   if constexpr (!C::kPersistent) {
-    consume_tile<T, kD, kGeneral>(p, smem, wg, int(blockIdx.x), ring, q_loads);
+    consume_tile<T, kD, kTall, kGeneral>(p, smem, wg, int(blockIdx.x), ring, q_loads);
   } else {
     const int total = TileOrder::of(p, C::kM).total;
     const Barriers<C::kStages> bars{smem + C::kBarrierOffset};
@@ -421,16 +423,16 @@ __device__ void consume(const KernelParams& p, uint32_t smem, int wg) {
       const int index = slots.read(j % 2);
       mbarrier_arrive(bars.tile_empty(j % 2));
       if (index >= total) return;
-      consume_tile<T, kD, kGeneral>(p, smem, wg, index, ring, q_loads);
+      consume_tile<T, kD, kTall, kGeneral>(p, smem, wg, index, ring, q_loads);
     }
   }
 }
 
 // kGeneral: scores need ScoreRule::transform (softcap, ALiBi, non-positive scale).
-template <typename T, int kD, bool kGeneral>
-__global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads, 1)
+template <typename T, int kD, bool kTall, bool kGeneral>
+__global__ void __launch_bounds__(ForwardConfig<T, kD, kTall>::kThreads, 1)
     forward_kernel(const __grid_constant__ ForwardArgs args) {
-  using C = ForwardConfig<T, kD>;
+  using C = ForwardConfig<T, kD, kTall>;
   const KernelParams& p = args.p;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t smem = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
@@ -453,13 +455,15 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads, 1)
   }
   __syncthreads();
 
-  const int wg = int(threadIdx.x) / 128;
+  // Read through a shuffle from lane 0 so that the compiler knows it is the same in the whole warp
+  // and keeps what derives from it (barrier ids, descriptors) in uniform registers.
+  const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
   if (wg == 0) {
     registers_release<C::kProducerRegisters>();
     if (threadIdx.x == 0) produce<C>(args, smem);
   } else {
     registers_claim<C::kConsumerRegisters>();
-    consume<T, kD, kGeneral>(p, smem, wg - 1);
+    consume<T, kD, kTall, kGeneral>(p, smem, wg - 1);
   }
 }
 

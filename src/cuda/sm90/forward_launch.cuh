@@ -1,5 +1,5 @@
 // Launches the sm_90 forward of one (dtype, head dim) variant: TMA maps of q, k, v, the main
-// kernel, then the sm80 combine kernel when the keys were split.
+// kernel of the call's tile shape, then the sm80 combine kernel when the keys were split.
 #pragma once
 
 #include <algorithm>
@@ -12,16 +12,17 @@
 
 namespace flashattn::cuda::sm90 {
 
-template <typename T, int kD>
-Status launch_forward(const KernelParams& p, cudaStream_t stream) {
-  using C = ForwardConfig<T, kD>;
+template <typename T, int kD, bool kTall>
+Status launch_forward_shape(const KernelParams& p, cudaStream_t stream) {
+  using C = ForwardConfig<T, kD, kTall>;
   ForwardArgs args;
   args.p = p;
   constexpr bool kBf16 = std::is_same_v<T, bf16>;
   FA_TRY(make_operand_map(&args.q, p.q, p, Side::queries, kBf16, C::kM));
   FA_TRY(make_operand_map(&args.k, p.k, p, Side::keys, kBf16, C::kN));
   FA_TRY(make_operand_map(&args.v, p.v, p, Side::keys, kBf16, C::kN));
-  const auto kernel = ScoreRule::is_general(p) ? forward_kernel<T, kD, true> : forward_kernel<T, kD, false>;
+  const auto kernel =
+      ScoreRule::is_general(p) ? forward_kernel<T, kD, kTall, true> : forward_kernel<T, kD, kTall, false>;
   FA_TRY(device_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes),
                        "cudaFuncSetAttribute(sm90 forward_kernel)"));
   // Persistent: one block per multiprocessor (or per tile, if fewer), the tile counter zeroed;
@@ -39,6 +40,14 @@ Status launch_forward(const KernelParams& p, cudaStream_t stream) {
   FA_TRY(device_status(cudaGetLastError(), "sm90 forward_kernel launch"));
   if (p.num_splits > 1) return launch_combine<T>(p, kD, stream);
   return Status::ok();
+}
+
+// The tile shape follows forward_tall, as the host's tile count and split decision do.
+template <typename T, int kD>
+Status launch_forward(const KernelParams& p, cudaStream_t stream) {
+  if constexpr (forward_tall_possible(kD))
+    if (forward_tall(kD, p.seqlen_q)) return launch_forward_shape<T, kD, true>(p, stream);
+  return launch_forward_shape<T, kD, false>(p, stream);
 }
 
 }  // namespace flashattn::cuda::sm90

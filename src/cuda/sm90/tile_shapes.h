@@ -11,14 +11,28 @@ struct ForwardShape {
   bool pingpong;                 // consumer warpgroups take turns issuing their GEMMs
 };
 
-// Two consumer warpgroups of 64 query rows. Keys per step are bounded by registers (a consumer
+// Consumer warpgroups of 64 query rows. Keys per step are bounded by registers (a consumer
 // thread holds d/2 output and block_n/2 score accumulators, plus block_n/4 words of P) and by
 // shared memory (Q plus two stages of K and V). Pingpong pays where the softmax is a large share
 // of a step's time, i.e. for head dims up to 128.
-constexpr ForwardShape forward_shape(int head_dim) {
-  return head_dim <= 128   ? ForwardShape{128, 128, 2, true}
-         : head_dim <= 192 ? ForwardShape{128, 96, 2, false}
-                           : ForwardShape{128, 64, 2, false};
+//
+// `tall`: three consumers, 192-row tiles (d <= 64 only, forward_tall). Where a step's GEMMs take
+// about as long as its softmax, they give each consumer's softmax the time of two others' GEMMs;
+// their 160 registers hold O, S and P of 96 keys.
+constexpr ForwardShape forward_shape(int head_dim, bool tall) {
+  return tall                ? ForwardShape{192, 96, 2, true}
+         : head_dim <= 128   ? ForwardShape{128, 128, 2, true}
+         : head_dim <= 192   ? ForwardShape{128, 96, 2, false}
+                             : ForwardShape{128, 64, 2, false};
+}
+
+// Whether a forward of `seqlen_q` query rows (the longest, for varlen) takes tall tiles: at
+// d <= 64, when they compute at most 4% more rows than 128-row tiles (N = 1k: 1152 rows against
+// 1024, not taken; 2k: 2112 against 2048, taken). Read by the host and by the launcher.
+constexpr bool forward_tall_possible(int head_dim) { return head_dim <= 64; }
+constexpr bool forward_tall(int head_dim, int64_t seqlen_q) {
+  const int64_t tall_rows = (seqlen_q + 191) / 192 * 192, rows = (seqlen_q + 127) / 128 * 128;
+  return forward_tall_possible(head_dim) && tall_rows * 25 <= rows * 26;
 }
 
 // Tiles of a forward (query tiles x heads x batch x key splits), which the persistent kernel
@@ -52,8 +66,8 @@ constexpr int forward_barriers(int stages) { return 2 + 4 * stages + 4; }
 // Dynamic shared memory of the forward: Q, the K and V stages, the O tile (forward_persistent),
 // the mbarriers, the tile slots (16 bytes), and 1 KiB of slack to align the tiles to the
 // 1024-byte period of the swizzle.
-constexpr int forward_smem_bytes(int head_dim) {
-  const ForwardShape s = forward_shape(head_dim);
+constexpr int forward_smem_bytes(int head_dim, bool tall) {
+  const ForwardShape s = forward_shape(head_dim, tall);
   const int output = forward_persistent(head_dim) ? 2 * head_dim * s.block_m : 0;
   return 2 * head_dim * (s.block_m + 2 * s.stages * s.block_n) + output + 8 * forward_barriers(s.stages) + 16 + 1024;
 }
