@@ -90,9 +90,15 @@ __device__ __forceinline__ void apply_mask(float (&s)[kTiles][4], const semantic
   }
 }
 
+// The running row maximum moves only when a key block's maximum exceeds it by more than this
+// (log2 units, after the scale): probabilities then stay below 2^8, which fp32 sums and 16-bit P
+// hold as precisely as values below 1, and most key blocks leave the maximum, and so O, as they
+// are (correction 1, rescale_output skipped). The sums and lse refer to the maximum kept: exact.
+constexpr float kMaxGrowthLog2 = 8.f;
+
 // Online softmax of a 16-row tile without touching O: new row maxima, the factor by which the
 // output and sums of earlier key blocks shrink (`correction`), the running sums, and S -> P
-// (before dropout).
+// (before dropout). exp_scale > 0.
 template <int kTiles>
 __device__ __forceinline__ void exponentiate_scores(float (&s)[kTiles][4], float (&row_max)[2], float (&row_sum)[2],
                                                     float exp_scale, float (&correction)[2]) {
@@ -102,10 +108,13 @@ __device__ __forceinline__ void exponentiate_scores(float (&s)[kTiles][4], float
 #pragma unroll
     for (int nt = 0; nt < kTiles; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * half], s[nt][2 * half + 1]));
     mx = quad_max(mx);
-    // A row with nothing visible yet keeps max = -inf; subtracting 0 then keeps P = 0 (no NaN).
-    const float shift = mx == kNegInf ? 0.f : mx * exp_scale;
-    correction[half] = fast_exp2(row_max[half] * exp_scale - shift);
-    row_max[half] = mx;
+    // From -inf any finite maximum grows (inf > 8); a row with nothing visible yet keeps -inf
+    // (NaN compares false) and subtracts 0, so its P stay 0 (no NaN).
+    const bool grow = (mx - row_max[half]) * exp_scale > kMaxGrowthLog2;
+    const float kept = grow ? mx : row_max[half];
+    const float shift = kept == kNegInf ? 0.f : kept * exp_scale;
+    correction[half] = grow ? fast_exp2(row_max[half] * exp_scale - shift) : 1.f;
+    row_max[half] = kept;
     row_sum[half] *= correction[half];
 #pragma unroll
     for (int nt = 0; nt < kTiles; ++nt)
@@ -117,8 +126,10 @@ __device__ __forceinline__ void exponentiate_scores(float (&s)[kTiles][4], float
   }
 }
 
+// O *= correction per row, skipped when no row of the warp moved its maximum (warp-uniform).
 template <int kOutTiles>
 __device__ __forceinline__ void rescale_output(float (&o)[kOutTiles][4], const float (&correction)[2]) {
+  if (!__any_sync(0xffffffffu, correction[0] != 1.f || correction[1] != 1.f)) return;
 #pragma unroll
   for (int dt = 0; dt < kOutTiles; ++dt)
 #pragma unroll
