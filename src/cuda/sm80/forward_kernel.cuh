@@ -90,10 +90,18 @@ __device__ __forceinline__ void apply_mask(float (&s)[kTiles][4], const semantic
   }
 }
 
+// Lazy rescaling (kLazy, for head dims above 128, where a thread's output accumulators outnumber
+// its scores at least twice): the running row maximum moves only when a key block's maximum
+// exceeds it by more than 2^8 after the scale. Probabilities then stay below 2^8, which fp32 sums
+// and 16-bit P hold as precisely as values below 1; most key blocks leave the maximum, and so O,
+// as they are (correction 1, rescale_output skipped); the sums and lse refer to the maximum kept,
+// so the result is the same. Below d = 128 the test costs about what it saves.
+constexpr float kLazyGrowthLog2 = 8.f;
+
 // Online softmax of a 16-row tile without touching O: new row maxima, the factor by which the
 // output and sums of earlier key blocks shrink (`correction`), the running sums, and S -> P
-// (before dropout).
-template <int kTiles>
+// (before dropout). exp_scale > 0.
+template <bool kLazy, int kTiles>
 __device__ __forceinline__ void exponentiate_scores(float (&s)[kTiles][4], float (&row_max)[2], float (&row_sum)[2],
                                                     float exp_scale, float (&correction)[2]) {
 #pragma unroll
@@ -103,9 +111,12 @@ __device__ __forceinline__ void exponentiate_scores(float (&s)[kTiles][4], float
     for (int nt = 0; nt < kTiles; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * half], s[nt][2 * half + 1]));
     mx = quad_max(mx);
     // A row with nothing visible yet keeps max = -inf; subtracting 0 then keeps P = 0 (no NaN).
-    const float shift = mx == kNegInf ? 0.f : mx * exp_scale;
-    correction[half] = fast_exp2(row_max[half] * exp_scale - shift);
-    row_max[half] = mx;
+    // Lazy: from -inf any finite maximum grows (inf > 2^8); -inf to -inf is NaN, which does not.
+    const bool grow = !kLazy || (mx - row_max[half]) * exp_scale > kLazyGrowthLog2;
+    const float kept = grow ? mx : row_max[half];
+    const float shift = kept == kNegInf ? 0.f : kept * exp_scale;
+    correction[half] = grow ? fast_exp2(row_max[half] * exp_scale - shift) : 1.f;
+    row_max[half] = kept;
     row_sum[half] *= correction[half];
 #pragma unroll
     for (int nt = 0; nt < kTiles; ++nt)
@@ -117,22 +128,29 @@ __device__ __forceinline__ void exponentiate_scores(float (&s)[kTiles][4], float
   }
 }
 
-template <int kOutTiles>
+// O *= correction per row; lazy: skipped when no row of the warp moved its maximum (the call
+// must be warp-uniform).
+template <bool kLazy, int kOutTiles>
 __device__ __forceinline__ void rescale_output(float (&o)[kOutTiles][4], const float (&correction)[2]) {
+  if (kLazy && !__any_sync(0xffffffffu, correction[0] != 1.f || correction[1] != 1.f)) return;
 #pragma unroll
   for (int dt = 0; dt < kOutTiles; ++dt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[dt][e] *= correction[e / 2];
 }
 
+// Whether a forward of head dim kD rescales lazily (see kLazyGrowthLog2).
+template <int kD>
+constexpr bool kLazyRescale = kD > 128;
+
 // Online softmax step of a 16-row tile: new row maxima, rescale of O and of the running sums,
 // S -> P (before dropout).
-template <int kTiles, int kOutTiles>
+template <bool kLazy, int kTiles, int kOutTiles>
 __device__ __forceinline__ void softmax_step(float (&s)[kTiles][4], float (&o)[kOutTiles][4], float (&row_max)[2],
                                              float (&row_sum)[2], float exp_scale) {
   float correction[2];
-  exponentiate_scores(s, row_max, row_sum, exp_scale, correction);
-  rescale_output(o, correction);
+  exponentiate_scores<kLazy>(s, row_max, row_sum, exp_scale, correction);
+  rescale_output<kLazy>(o, correction);
 }
 
 // Zeroes the dropped probabilities of a 16-row tile. One Philox call gives the draws of 8 keys
@@ -309,7 +327,8 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads)
 
 #pragma unroll
     for (int r = 0; r < kRowTiles; ++r) {
-      forward_detail::softmax_step(s[r], o[r], st.max[r], st.sum[r], kGeneral ? 1.f : rule.exp_scale);
+      forward_detail::softmax_step<forward_detail::kLazyRescale<kD>>(s[r], o[r], st.max[r], st.sum[r],
+                                                                      kGeneral ? 1.f : rule.exp_scale);
       if (kDropout) forward_detail::apply_dropout(s[r], drop, batch_head, tile_row0(r), j0);
     }
 

@@ -220,6 +220,9 @@ template <typename T, int kD, bool kTall, bool kGeneral>
 struct Consumer {
   using C = ForwardConfig<T, kD, kTall>;
   static constexpr int kN = C::kN;
+  // Lazy rescaling (forward_detail::kLazyRescale); not in the score-transform kernel, whose
+  // registers it would overflow at d = 256.
+  static constexpr bool kLazy = forward_detail::kLazyRescale<kD> && !kGeneral;
   using Elem = typename T::storage;
 
   const KernelParams& p;
@@ -267,7 +270,7 @@ struct Consumer {
     const int64_t j0 = int64_t(n) * kN;
     if (kGeneral) forward_detail::transform_scores(s, rule, row0, j0);
     if (!rule.block_unmasked(m0 + 64 * wg, 64, j0, kN)) forward_detail::apply_mask(s, rule.window, row0, int(j0));
-    forward_detail::exponentiate_scores(s, row_max, row_sum, kGeneral ? 1.f : rule.exp_scale, correction);
+    forward_detail::exponentiate_scores<kLazy>(s, row_max, row_sum, kGeneral ? 1.f : rule.exp_scale, correction);
   }
 
   static __device__ void to_operand(float (&s)[kN / 8][4], uint32_t (&pa)[kN / 16][4]) {
@@ -317,7 +320,7 @@ struct Consumer {
       wgmma_wait<0>();
       fence_registers(flat<kD>(o));
       release(bars.v_empty(v_slot.stage));
-      forward_detail::rescale_output(o, correction);
+      forward_detail::rescale_output<kLazy>(o, correction);
       to_operand(s, pa);
     }
 

@@ -23,7 +23,7 @@ constexpr ForwardShape forward_shape(int head_dim, bool tall) {
   return tall                ? ForwardShape{192, 96, 2, true}
          : head_dim <= 128   ? ForwardShape{128, 128, 2, true}
          : head_dim <= 192   ? ForwardShape{128, 96, 2, false}
-                             : ForwardShape{128, 64, 2, false};
+                             : ForwardShape{128, 80, 2, false};
 }
 
 // Whether a forward of `seqlen_q` query rows (the longest, for varlen) takes tall tiles: at
