@@ -1,19 +1,19 @@
 // Forward attention on sm_90a: TMA, wgmma and warp specialisation (the FlashAttention-3 scheme).
 //
 // A block of a producer and two or three consumer warpgroups owns a tile of 128 or 192 query
-// rows of one (batch, head) (forward_shape). The producer
-// warpgroup gives up its registers and one thread streams Q once and K/V tiles through a ring of
-// shared-memory stages by TMA, each stage guarded by a `full` mbarrier (bytes landed) and an
-// `empty` one (consumers done). Each consumer warpgroup owns 64 query rows: S = Q K^T with both
-// operands in shared memory, the online softmax in registers, O += P V with P straight from the
-// score registers. Within a warpgroup, the softmax of block n runs while the tensor cores do
-// P V of block n + 1; across the warpgroups, named barriers make them take turns issuing GEMMs
-// (pingpong), so one's softmax hides under the others' matrix work. Key blocks are
-// visited last to first, so only the first ones meet the causal diagonal or the end of the keys.
+// rows of one (batch, head) (forward_shape). The producer warpgroup gives up its registers and
+// one thread streams Q once and K/V tiles through a ring of shared-memory stages by TMA, each
+// stage guarded by a `full` mbarrier (bytes landed) and an `empty` one (consumers done). Each
+// consumer warpgroup owns 64 query rows: S = Q K^T with both operands in shared memory, the
+// online softmax in registers, O += P V with P straight from the score registers. Within a
+// warpgroup, the softmax of block n runs while the tensor cores do P V of block n + 1; across the
+// warpgroups, named barriers make them take turns issuing GEMMs (pingpong), so one's softmax
+// hides under the others' matrix work. Key blocks are visited last to first, so only the first
+// ones meet the causal diagonal or the end of the keys.
 //
 // Up to d = 128 the grid is persistent (forward_persistent): one block per multiprocessor takes
-// tiles until none is left, the first by its index and the others from a counter (dynamic, so that the long and short tiles of a
-// causal mask or a varlen batch even out). The producer fetches the next tile while the
+// tiles until none is left, the first by its index and the others from a counter (dynamic, so
+// that the long and short tiles of a causal mask or a varlen batch even out). The producer fetches the next tile while the
 // consumers finish the current one and streams its K, V and Q behind the current ones, so a
 // tile's start and end (latency of the first loads, the epilogue) overlap its neighbours' work.
 #pragma once
