@@ -190,8 +190,8 @@ BackwardChoice choose_backward(const Params& p) {
     const int padded = padded_head_dim(p.head_dim);
     const Variant* v = padded ? find_variant(p.dtype, padded) : nullptr;
     if (!v) return c;
-    const bool narrow = backward_narrow_block_n(padded) != 0 &&
-                        device_info(p.device_index).max_smem_per_block < v->backward_full_keys_smem;
+    const bool narrow =
+        backward_takes_narrow_keys(padded, device_info(p.device_index).max_smem_per_block, v->backward_full_keys_smem);
     const int block_n = narrow ? backward_narrow_block_n(padded) : backward_shape(padded).block_n;
     c = {v->backward, padded, block_n, v->backward_smem, false};
   }

@@ -33,7 +33,7 @@ Status launch_backward_main(const KernelParams& p, cudaStream_t stream) {
 // The largest configuration the device's shared memory holds: 128 query rows per step (head
 // dims up to 64; not with dropout, whose Philox state makes that kernel spill), else 64 rows with
 // Q and dO double-buffered, else single-buffered, else (head dims 65 to 128) 64 keys per block
-// instead of 128. choose_backward() (cuda_backend.cu) makes the same choice for its block_n.
+// instead of 128 (backward_takes_narrow_keys, which choose_backward() reads for its block_n too).
 template <typename T, int kD>
 Status launch_backward_main_fitting(const KernelParams& p, cudaStream_t stream) {
   int device = 0;
@@ -46,7 +46,8 @@ Status launch_backward_main_fitting(const KernelParams& p, cudaStream_t stream) 
   if (smem >= BackwardConfig<T, kD, 2>::kSmemBytes) return launch_backward_main<T, kD, 2, 64>(p, stream);
   constexpr int kNarrow = backward_narrow_block_n(kD);
   if constexpr (kNarrow != 0)
-    if (smem < BackwardConfig<T, kD, 1>::kSmemBytes) return launch_backward_main<T, kD, 1, 64, kNarrow>(p, stream);
+    if (backward_takes_narrow_keys(kD, smem, BackwardConfig<T, kD, 1>::kSmemBytes))
+      return launch_backward_main<T, kD, 1, 64, kNarrow>(p, stream);
   return launch_backward_main<T, kD, 1, 64>(p, stream);
 }
 

@@ -53,6 +53,11 @@ constexpr BackwardShape backward_shape(int head_dim, int block_m = 64, int block
 // block (compute capability 8.6 and 8.9) run the backward. Smaller head dims fit with 128 keys;
 // larger ones have 64 keys already and need more than 100 KB.
 constexpr int backward_narrow_block_n(int head_dim) { return head_dim > 64 && head_dim <= 128 ? 64 : 0; }
+// Whether a device with `smem` bytes per block takes that key block: where the single-buffered
+// 128-key backward (`full_keys_smem` bytes) does not fit. Read by the launcher and the host.
+constexpr bool backward_takes_narrow_keys(int head_dim, int smem, int full_keys_smem) {
+  return backward_narrow_block_n(head_dim) != 0 && smem < full_keys_smem;
+}
 
 // The larger query block of head dims up to 64 (0: none); it needs about 214 KB of shared memory
 // with double-buffered Q and dO (Hopper-class devices), so the launcher falls back to 64 rows.

@@ -13,9 +13,10 @@
 //
 // Up to d = 128 the grid is persistent (forward_persistent): one block per multiprocessor takes
 // tiles until none is left, the first by its index and the others from a counter (dynamic, so
-// that the long and short tiles of a causal mask or a varlen batch even out). The producer fetches the next tile while the
-// consumers finish the current one and streams its K, V and Q behind the current ones, so a
-// tile's start and end (latency of the first loads, the epilogue) overlap its neighbours' work.
+// that the long and short tiles of a causal mask or a varlen batch even out). The producer
+// fetches the next tile while the consumers finish the current one and streams its K, V and Q
+// behind the current ones, so a tile's start and end (latency of the first loads, the epilogue)
+// overlap its neighbours' work.
 #pragma once
 
 #include <cuda.h>
