@@ -185,7 +185,8 @@ BackwardChoice choose_backward(const Params& p) {
   BackwardChoice c;
   if (const HopperVariant* hopper = hopper_kernel(p, kHopperBackwards)) {
     c = {hopper->launch, hopper->head_dim, sm90::backward_shape(hopper->head_dim).block_n,
-         sm90::backward_smem_bytes(hopper->head_dim), true};
+         std::max(sm90::backward_smem_bytes(hopper->head_dim, false), sm90::backward_smem_bytes(hopper->head_dim, true)),
+         true};
   } else {
     const int padded = padded_head_dim(p.head_dim);
     const Variant* v = padded ? find_variant(p.dtype, padded) : nullptr;

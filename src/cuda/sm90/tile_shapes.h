@@ -79,16 +79,21 @@ namespace flashattn::cuda::sm90 {
 // The sm_90 backward: a block keeps dK and dV of block_n keys in its two consumer warpgroups'
 // registers and walks the query blocks of block_m rows that see them, Q and dO through a ring of
 // `stages`. Up to d = 128 each consumer owns 64 of 128 keys (d/2 + d/2 fp32 per thread); at
-// d = 256 (backward_wide_kernel.cuh) the consumers share 64 keys and split the head dim, and Q
-// and dO have one stage.
+// d = 64 a step takes 128 query rows (half the steps, each twice the work: S^T and dP^T are 64
+// fp32 per thread, which fit beside dK and dV at d = 64, but not with softcap's 64 derivative
+// factors too: `general` scores keep 64 rows); at d = 256
+// (backward_wide_kernel.cuh) the consumers share 64 keys and split the head dim, and Q and dO
+// have one stage.
 struct BackwardShape {
   int block_m, block_n, stages;
 };
 
 constexpr bool backward_supported(int head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
 constexpr bool backward_wide(int head_dim) { return head_dim > 128; }
-constexpr BackwardShape backward_shape(int head_dim) {
-  return backward_wide(head_dim) ? BackwardShape{64, 64, 1} : BackwardShape{64, 128, 2};
+constexpr BackwardShape backward_shape(int head_dim, bool general = false) {
+  return backward_wide(head_dim)        ? BackwardShape{64, 64, 1}
+         : head_dim <= 64 && !general  ? BackwardShape{128, 128, 2}
+                                 : BackwardShape{64, 128, 2};
 }
 
 // Deterministic mode orders the adds to each dQ tile by key block through one int per (query
@@ -99,15 +104,22 @@ constexpr int64_t backward_dq_turns(int64_t rows_q, int64_t batch, int64_t heads
   return 2 * heads_q * backward_dq_turn_stride(rows_q, batch);
 }
 
-// K, V, the Q and dO stages, two dS^T buffers (narrow) or the P^T and dS^T tiles (wide), a
-// block_m x (d/2 or d/4) fp32 dQ tile per consumer, lse and delta rows per stage, the mbarriers,
-// and 1 KiB of slack for the alignment of the tiles.
-constexpr int backward_smem_bytes(int head_dim) {
-  const BackwardShape s = backward_shape(head_dim);
+// The fp32 dQ tile a consumer hands over per step has 64 rows: with 64-row steps a consumer's
+// share is d/2 (narrow) or d/4 (wide) columns of all rows; with 128-row steps, every column of
+// its 64 rows.
+constexpr int backward_dq_cols(int head_dim, bool general = false) {
+  const BackwardShape s = backward_shape(head_dim, general);
+  return backward_wide(head_dim) ? head_dim / 4 : s.block_m == 128 ? head_dim : head_dim / 2;
+}
+
+// K, V, the Q and dO stages, two dS^T buffers (narrow) or the P^T and dS^T tiles (wide), a 64-row
+// fp32 dQ tile per consumer, lse and delta rows per stage, the mbarriers, and 1 KiB of slack for
+// the alignment of the tiles.
+constexpr int backward_smem_bytes(int head_dim, bool general = false) {
+  const BackwardShape s = backward_shape(head_dim, general);
   const int barriers = 1 + 2 * s.stages + 4;
-  const int dq_cols = backward_wide(head_dim) ? head_dim / 4 : head_dim / 2;
   return 2 * head_dim * (2 * s.block_n + 2 * s.stages * s.block_m) + 2 * 2 * s.block_n * s.block_m +
-         2 * 4 * dq_cols * s.block_m + 2 * 4 * s.block_m * s.stages + 8 * barriers + 1024;
+         2 * 4 * backward_dq_cols(head_dim, general) * 64 + 2 * 4 * s.block_m * s.stages + 8 * barriers + 1024;
 }
 
 }  // namespace flashattn::cuda::sm90
