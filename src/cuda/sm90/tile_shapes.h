@@ -7,23 +7,26 @@
 namespace flashattn::cuda::sm90 {
 
 struct ForwardShape {
-  int block_m, block_n, stages;  // query rows per block (64 per consumer warpgroup), keys per step
-  bool pingpong;                 // consumer warpgroups take turns issuing their GEMMs
+  int block_m, block_n;     // query rows per block (64 per consumer warpgroup), keys per step
+  int k_stages, v_stages;   // K and V tiles in flight (V is held a step longer: P V of block n
+                            // is issued beside S of block n + 1)
+  bool pingpong;            // consumer warpgroups take turns issuing their GEMMs
 };
 
 // Consumer warpgroups of 64 query rows. Keys per step are bounded by registers (a consumer
 // thread holds d/2 output and block_n/2 score accumulators, plus block_n/4 words of P) and by
-// shared memory (Q plus two stages of K and V). Pingpong pays where the softmax is a large share
-// of a step's time, i.e. for head dims up to 128.
+// shared memory (Q, the K and V stages and, when persistent, the O tile: at d = 128 a third V
+// stage fills the 227 KB). Pingpong pays where the softmax is a large share of a step's time,
+// i.e. for head dims up to 128.
 //
 // `tall`: three consumers, 192-row tiles (d <= 64 only, forward_tall). Where a step's GEMMs take
 // about as long as its softmax, they give each consumer's softmax the time of two others' GEMMs;
 // their 160 registers hold O, S and P of 96 keys.
 constexpr ForwardShape forward_shape(int head_dim, bool tall) {
-  return tall                ? ForwardShape{192, 96, 2, true}
-         : head_dim <= 128   ? ForwardShape{128, 128, 2, true}
-         : head_dim <= 192   ? ForwardShape{128, 96, 2, false}
-                             : ForwardShape{128, 80, 2, false};
+  return tall                ? ForwardShape{192, 96, 2, 2, true}
+         : head_dim <= 128   ? ForwardShape{128, 128, 2, 3, true}
+         : head_dim <= 192   ? ForwardShape{128, 96, 2, 2, false}
+                             : ForwardShape{128, 80, 2, 2, false};
 }
 
 // Whether a forward of `seqlen_q` query rows (the longest, for varlen) takes tall tiles: at
@@ -61,7 +64,7 @@ constexpr bool forward_persistent(int head_dim) { return head_dim <= 128; }
 
 // mbarriers of the forward: Q full and empty, K and V full and empty per stage, two tile slots'
 // full and empty.
-constexpr int forward_barriers(int stages) { return 2 + 4 * stages + 4; }
+constexpr int forward_barriers(int k_stages, int v_stages) { return 2 + 2 * k_stages + 2 * v_stages + 4; }
 
 // Dynamic shared memory of the forward: Q, the K and V stages, the O tile (forward_persistent),
 // the mbarriers, the tile slots (16 bytes), and 1 KiB of slack to align the tiles to the
@@ -69,7 +72,8 @@ constexpr int forward_barriers(int stages) { return 2 + 4 * stages + 4; }
 constexpr int forward_smem_bytes(int head_dim, bool tall) {
   const ForwardShape s = forward_shape(head_dim, tall);
   const int output = forward_persistent(head_dim) ? 2 * head_dim * s.block_m : 0;
-  return 2 * head_dim * (s.block_m + 2 * s.stages * s.block_n) + output + 8 * forward_barriers(s.stages) + 16 + 1024;
+  return 2 * head_dim * (s.block_m + (s.k_stages + s.v_stages) * s.block_n) + output +
+         8 * forward_barriers(s.k_stages, s.v_stages) + 16 + 1024;
 }
 
 }  // namespace flashattn::cuda::sm90
