@@ -58,7 +58,7 @@ struct ScoreRule {
 
   __device__ static ScoreRule make(const KernelParams& p, const Sequence& s, int b, int h) {
     ScoreRule r;
-    r.window = semantics::Window{p.window_left, p.window_right, s.seqlen_q, s.seqlen_k};
+    r.window = semantics::Window{p.window_left, p.window_right, s.seqlen_q, s.seqlen_k, p.fold_rows};
     r.scale = p.scale;
     r.softcap = p.softcap;
     r.alibi_slope = p.alibi_slopes ? p.alibi_slopes[int64_t(b) * p.alibi_batch + h] : 0.f;
@@ -77,8 +77,9 @@ struct ScoreRule {
   // block needs no per-element mask. Rows past the sequence end are never stored, so they may
   // count as visible; key columns past the end may not.
   __device__ __forceinline__ bool block_unmasked(int64_t i0, int rows, int64_t j0, int cols) const {
-    return j0 + cols <= window.seqlen_k && window.first_key(i0 + rows - 1) <= j0 &&
-           (window.right < 0 || window.diagonal(i0) + window.right >= j0 + cols - 1);
+    const semantics::Window::Diagonals d = window.diagonals(i0, rows);
+    return j0 + cols <= window.seqlen_k && window.first_key_at(d.high) <= j0 &&
+           (window.right < 0 || d.low + window.right >= j0 + cols - 1);
   }
 };
 
@@ -89,10 +90,10 @@ struct KeyBlocks {
 
   __device__ static KeyBlocks of(const ScoreRule& rule, const Sequence& seq, int m0, int block_m, int block_n,
                                  int splits, int split) {
-    const int last_row = min(m0 + block_m, seq.seqlen_q) - 1;
+    const semantics::Window::Diagonals d = rule.window.diagonals(m0, max(1, min(block_m, seq.seqlen_q - m0)));
     KeyBlocks r;
-    r.begin = int(rule.window.first_key(m0) / block_n);
-    r.end = int((rule.window.last_key(last_row) + block_n) / block_n);  // last_key may be -1
+    r.begin = int(rule.window.first_key_at(d.low) / block_n);
+    r.end = int((rule.window.last_key_at(d.high) + block_n) / block_n);  // last_key may be -1
     if (splits > 1) {
       const int per_split = ((seq.seqlen_k + block_n - 1) / block_n + splits - 1) / splits;
       r.begin = max(r.begin, split * per_split);
