@@ -77,7 +77,10 @@ struct ScoreRule {
   // block needs no per-element mask. Rows past the sequence end are never stored, so they may
   // count as visible; key columns past the end may not.
   __device__ __forceinline__ bool block_unmasked(int64_t i0, int rows, int64_t j0, int cols) const {
-    const semantics::Window::Diagonals d = window.diagonals(i0, rows);
+    return block_unmasked(window.diagonals(i0, rows), j0, cols);
+  }
+  // The same for rows whose diagonals lie in `d`.
+  __device__ __forceinline__ bool block_unmasked(const semantics::Window::Diagonals& d, int64_t j0, int cols) const {
     return j0 + cols <= window.seqlen_k && window.first_key_at(d.high) <= j0 &&
            (window.right < 0 || d.low + window.right >= j0 + cols - 1);
   }

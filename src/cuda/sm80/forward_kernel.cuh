@@ -69,17 +69,17 @@ __device__ __forceinline__ void transform_scores(float (&s)[kTiles][4], const Sc
     }
 }
 
-// Masks a 16 x kN score tile: key j of row i stays iff first_key(i) <= j <= last_key(i). The
+// Masks a 16 x kN score tile whose rows lane / 4 and lane / 4 + 8 lie on diagonals diag[0] and
+// diag[1]: key j of a row on diagonal c stays iff first_key_at(c) <= j <= last_key_at(c). The
 // bounds are derived here, in 32 bits, so that nothing of the mask stays live across the key loop.
 template <int kTiles>
-__device__ __forceinline__ void apply_mask(float (&s)[kTiles][4], const semantics::Window& window, int row0,
-                                           int j0) {
+__device__ __forceinline__ void apply_mask_at(float (&s)[kTiles][4], const semantics::Window& window,
+                                              const int (&diag)[2], int j0) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int64_t i = row0 + lane / 4 + half * 8;
-    const int first = int(window.first_key(i));
-    const int last = int(max(window.last_key(i), int64_t(-1)));
+    const int first = int(window.first_key_at(diag[half]));
+    const int last = int(max(window.last_key_at(diag[half]), int64_t(-1)));
 #pragma unroll
     for (int nt = 0; nt < kTiles; ++nt)
 #pragma unroll
@@ -88,6 +88,15 @@ __device__ __forceinline__ void apply_mask(float (&s)[kTiles][4], const semantic
         if (j < first || j > last) s[nt][2 * half + e] = kNegInf;
       }
   }
+}
+
+// The same for the 16-row tile from sequence row row0 (diagonals derived per call).
+template <int kTiles>
+__device__ __forceinline__ void apply_mask(float (&s)[kTiles][4], const semantics::Window& window, int row0,
+                                           int j0) {
+  const int row = row0 + int(threadIdx.x % 32) / 4;
+  const int diag[2] = {int(window.diagonal(row)), int(window.diagonal(row + 8))};
+  apply_mask_at(s, window, diag, j0);
 }
 
 // Lazy rescaling (kLazy, for head dims above 128, where a thread's output accumulators outnumber
