@@ -54,7 +54,22 @@ namespace forward_detail {
 
 constexpr float kNegInf = -INFINITY;
 
-// General scores of a 16 x kN tile after S = Q K^T: raw q.k -> log2-domain transformed score.
+// General scores of a 16 x kN tile after S = Q K^T: raw q.k -> log2-domain transformed score,
+// the rows lane / 4 and lane / 4 + 8 on diagonals diag[0] and diag[1].
+template <int kTiles>
+__device__ __forceinline__ void transform_scores_at(float (&s)[kTiles][4], const ScoreRule& rule, const int (&diag)[2],
+                                                    int64_t j0) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int nt = 0; nt < kTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t j = j0 + nt * 8 + (lane % 4) * 2 + (e % 2);
+      s[nt][e] = rule.transform_at(s[nt][e], diag[e / 2], j);
+    }
+}
+
+// The same from sequence row row0.
 template <int kTiles>
 __device__ __forceinline__ void transform_scores(float (&s)[kTiles][4], const ScoreRule& rule, int64_t row0,
                                                  int64_t j0) {

@@ -272,7 +272,7 @@ struct Consumer {
   // Scores of key block n -> probabilities, returning the rescale factor of the older blocks.
   __device__ void softmax(float (&s)[kN / 8][4], int n, float (&correction)[2]) {
     const int64_t j0 = int64_t(n) * kN;
-    if (kGeneral) forward_detail::transform_scores(s, rule, row0, j0);
+    if (kGeneral) forward_detail::transform_scores_at(s, rule, diag, j0);
     if (!rule.block_unmasked(rows_diagonals, j0, kN)) forward_detail::apply_mask_at(s, rule.window, diag, int(j0));
     forward_detail::exponentiate_scores<kLazy>(s, row_max, row_sum, kGeneral ? 1.f : rule.exp_scale, correction);
   }
