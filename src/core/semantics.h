@@ -25,7 +25,14 @@ struct Window {
   int fold = 0;
 
   FA_HD int64_t diagonal(int64_t i) const {
-    return fold > 0 ? int64_t(int(i) % fold) + seqlen_k - fold : i + seqlen_k - seqlen_q;
+    return fold > 0 ? folded_row(i) + seqlen_k - fold : i + seqlen_k - seqlen_q;
+  }
+  // i % fold for folded rows (fewer than 2^21 of them: kFoldMaxSeqlenQ times the heads of a
+  // group), through a float quotient: an integer remainder by a run-time divisor makes the CUDA
+  // front end run for minutes on the large forward kernels.
+  FA_HD int64_t folded_row(int64_t i) const {
+    const int quotient = int((float(i) + 0.5f) / float(fold));
+    return i - int64_t(quotient) * fold;
   }
   FA_HD bool visible(int64_t i, int64_t j) const {
     const int64_t c = diagonal(i);
@@ -49,7 +56,7 @@ struct Window {
     int64_t low, high;
   };
   FA_HD Diagonals diagonals(int64_t i0, int64_t n) const {
-    if (fold > 0 && int64_t(int(i0) % fold) + n > fold) return {int64_t(seqlen_k) - fold, int64_t(seqlen_k) - 1};
+    if (fold > 0 && folded_row(i0) + n > fold) return {int64_t(seqlen_k) - fold, int64_t(seqlen_k) - 1};
     return {diagonal(i0), diagonal(i0 + n - 1)};
   }
   // Rows that see key j lie in [first_query(j), last_query(j)] (empty when first > last).
