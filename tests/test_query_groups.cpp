@@ -143,7 +143,7 @@ TEST(QueryGroups, FoldedShortPrefillAddressesTheSameElements) {
 }
 
 // A folded window shows row r the keys of query row r % fold, and its diagonal spans hold
-// every row of the span (exactly the first and last row's where the span does not wrap).
+// every row of the span.
 TEST(QueryGroups, FoldedWindowFollowsTheQueryRow) {
   for (int sq : {1, 2, 5})
     for (int group : {2, 3})
@@ -162,10 +162,6 @@ TEST(QueryGroups, FoldedWindowFollowsTheQueryRow) {
                 for (int r = i0; r < i0 + n; ++r) {
                   ASSERT_LE(span.low, folded.diagonal(r));
                   ASSERT_GE(span.high, folded.diagonal(r));
-                }
-                if (i0 % sq + n <= sq) {
-                  ASSERT_EQ(span.low, folded.diagonal(i0));
-                  ASSERT_EQ(span.high, folded.diagonal(i0 + n - 1));
                 }
               }
           }

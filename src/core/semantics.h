@@ -24,16 +24,11 @@ struct Window {
   int seqlen_q = 0, seqlen_k = 0;
   int fold = 0;
 
-  FA_HD int64_t diagonal(int64_t i) const {
-    return fold > 0 ? folded_row(i) + seqlen_k - fold : i + seqlen_k - seqlen_q;
-  }
-  // i % fold for folded rows (fewer than 2^21 of them: kFoldMaxSeqlenQ times the heads of a
-  // group), through a float quotient: an integer remainder by a run-time divisor makes the CUDA
-  // front end run for minutes on the large forward kernels.
-  FA_HD int64_t folded_row(int64_t i) const {
-    const int quotient = int((float(i) + 0.5f) / float(fold));
-    return i - int64_t(quotient) * fold;
-  }
+  FA_HD int64_t diagonal(int64_t i) const { return fold > 0 ? folded_row(i) + seqlen_k - fold : unfolded_diagonal(i); }
+  // The diagonal where rows are never folded (the backward): no remainder in masked loops.
+  FA_HD int64_t unfolded_diagonal(int64_t i) const { return i + seqlen_k - seqlen_q; }
+  // Query row of folded row i.
+  FA_HD int64_t folded_row(int64_t i) const { return int64_t(int(i) % fold); }
   FA_HD bool visible(int64_t i, int64_t j) const {
     const int64_t c = diagonal(i);
     return j >= 0 && j < seqlen_k && (left < 0 || j >= c - left) && (right < 0 || j <= c + right);
@@ -51,13 +46,13 @@ struct Window {
   FA_HD int64_t first_key(int64_t i) const { return first_key_at(diagonal(i)); }
   FA_HD int64_t last_key(int64_t i) const { return last_key_at(diagonal(i)); }
   // The diagonals of rows [i0, i0 + n), n >= 1, lie in [low, high]: the first and last row's,
-  // or with folded rows that wrap past a head's last query, all of a head's.
+  // or with folded rows all of a head's (a superset where the span does not wrap, which costs
+  // only masks; it needs no remainder in the callers' loops).
   struct Diagonals {
     int64_t low, high;
   };
   FA_HD Diagonals diagonals(int64_t i0, int64_t n) const {
-    if (fold > 0 && folded_row(i0) + n > fold) return {int64_t(seqlen_k) - fold, int64_t(seqlen_k) - 1};
-    return {diagonal(i0), diagonal(i0 + n - 1)};
+    return {fold > 0 ? int64_t(seqlen_k) - fold : diagonal(i0), fold > 0 ? int64_t(seqlen_k) - 1 : diagonal(i0 + n - 1)};
   }
   // Rows that see key j lie in [first_query(j), last_query(j)] (empty when first > last).
   FA_HD int64_t first_query(int64_t j) const {
@@ -86,9 +81,13 @@ FA_HD T softcap_grad(T capped, T cap) {
 
 // ALiBi: -slope * |i + sk - sq - j|, added after softcap.
 template <typename T>
-FA_HD T alibi_bias(T slope, const Window& w, int64_t i, int64_t j) {
-  const int64_t dist = w.diagonal(i) - j;
+FA_HD T alibi_bias_at(T slope, int64_t diagonal, int64_t j) {
+  const int64_t dist = diagonal - j;
   return -slope * T(dist < 0 ? -dist : dist);
+}
+template <typename T>
+FA_HD T alibi_bias(T slope, const Window& w, int64_t i, int64_t j) {
+  return alibi_bias_at(slope, w.diagonal(i), j);
 }
 
 // Philox4x32 with 7 rounds (Salmon et al., SC'11): counter-based, so any (b, h, i, j) can be

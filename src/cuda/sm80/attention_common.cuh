@@ -67,15 +67,15 @@ struct ScoreRule {
     return r;
   }
 
-  // log2(e) * transformed score, from the raw product x (general scores only).
+  // log2(e) * transformed score of row i and key j, from the raw product x (general scores
+  // only; rows are query rows, as in the backward, which never folds them).
   __device__ __forceinline__ float transform(float x, int64_t i, int64_t j) const {
-    return transform_at(x, window.diagonal(i), j);
+    return transform_at(x, window.unfolded_diagonal(i), j);
   }
   // The same for a row on diagonal c.
   __device__ __forceinline__ float transform_at(float x, int64_t c, int64_t j) const {
     const float s = semantics::softcap<float>(scale * x, softcap);
-    const int64_t distance = c > j ? c - j : j - c;
-    return kLog2e * (s - alibi_slope * float(distance));
+    return kLog2e * (s + semantics::alibi_bias_at<float>(alibi_slope, c, j));
   }
 
   // True when every (i, j) of the block [i0, i0 + rows) x [j0, j0 + cols) is visible, so the

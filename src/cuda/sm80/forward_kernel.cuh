@@ -69,19 +69,13 @@ __device__ __forceinline__ void transform_scores_at(float (&s)[kTiles][4], const
     }
 }
 
-// The same from sequence row row0.
+// The same from sequence row row0 (diagonals derived once per call).
 template <int kTiles>
 __device__ __forceinline__ void transform_scores(float (&s)[kTiles][4], const ScoreRule& rule, int64_t row0,
                                                  int64_t j0) {
-  const int lane = threadIdx.x % 32;
-#pragma unroll
-  for (int nt = 0; nt < kTiles; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t i = row0 + lane / 4 + (e / 2) * 8;
-      const int64_t j = j0 + nt * 8 + (lane % 4) * 2 + (e % 2);
-      s[nt][e] = rule.transform(s[nt][e], i, j);
-    }
+  const int row = int(row0) + int(threadIdx.x % 32) / 4;
+  const int diag[2] = {int(rule.window.diagonal(row)), int(rule.window.diagonal(row + 8))};
+  transform_scores_at(s, rule, diag, j0);
 }
 
 // Masks a 16 x kN score tile whose rows lane / 4 and lane / 4 + 8 lie on diagonals diag[0] and

@@ -232,9 +232,8 @@ struct Consumer {
   Barriers<C::kStages> bars;
   int wg;           // consumer index
   int row0;         // sequence row of this warp's first query row
-  // Window diagonals of this warpgroup's 64 rows and of this thread's two rows (set per tile,
-  // so that no row index needs mapping inside the key loop).
-  semantics::Window::Diagonals rows_diagonals = {0, 0};
+  // Window diagonals of this thread's two rows (set per tile: with folded rows a diagonal takes
+  // a remainder, kept out of the key loop).
   int diag[2] = {0, 0};
   float o[kD / 8][4] = {};
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
@@ -273,7 +272,7 @@ struct Consumer {
   __device__ void softmax(float (&s)[kN / 8][4], int n, float (&correction)[2]) {
     const int64_t j0 = int64_t(n) * kN;
     if (kGeneral) forward_detail::transform_scores_at(s, rule, diag, j0);
-    if (!rule.block_unmasked(rows_diagonals, j0, kN)) forward_detail::apply_mask_at(s, rule.window, diag, int(j0));
+    if (!rule.block_unmasked(m0 + 64 * wg, 64, j0, kN)) forward_detail::apply_mask_at(s, rule.window, diag, int(j0));
     forward_detail::exponentiate_scores<kLazy>(s, row_max, row_sum, kGeneral ? 1.f : rule.exp_scale, correction);
   }
 
@@ -405,7 +404,6 @@ __device__ void consume_tile(const KernelParams& p, uint32_t smem, int wg, int i
   const bool had_keys = blocks.begin < blocks.end;
   const int row0 = t.m0 + 64 * wg + 16 * ((int(threadIdx.x) % 128) / 32);
   Consumer<T, kD, kTall, kGeneral> consumer{p, rule, t.m0, smem, Barriers<C::kStages>{smem + C::kBarrierOffset}, wg, row0};
-  consumer.rows_diagonals = rule.window.diagonals(t.m0 + 64 * wg, 64);
   const int lane_row = row0 + (int(threadIdx.x) % 32) / 4;
   consumer.diag[0] = int(rule.window.diagonal(lane_row));
   consumer.diag[1] = int(rule.window.diagonal(lane_row + 8));
