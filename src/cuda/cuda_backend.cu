@@ -347,6 +347,7 @@ KernelParams kernel_params(const Params& p, const Choice& choice) {
   k.softcap = p.softcap;
   k.window_left = p.window_left;
   k.window_right = p.window_right;
+  k.fold_rows = p.fold_rows;
   k.alibi_slopes = p.alibi ? p.alibi_slopes : nullptr;
   k.alibi_batch = p.alibi_batch;
   const semantics::Dropout drop = semantics::Dropout::make(p.dropout_p, p.dropout_seed, p.dropout_offset);

@@ -235,6 +235,9 @@ struct Consumer {
   Barriers<C::kKStages, C::kVStages> bars;
   int wg;           // consumer index
   int row0;         // sequence row of this warp's first query row
+  // Window diagonals of this thread's two rows (set per tile: with folded rows a diagonal takes
+  // a remainder, kept out of the key loop).
+  int diag[2] = {0, 0};
   float o[kD / 8][4] = {};
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
 
@@ -271,8 +274,8 @@ struct Consumer {
   // Scores of key block n -> probabilities, returning the rescale factor of the older blocks.
   __device__ void softmax(float (&s)[kN / 8][4], int n, float (&correction)[2]) {
     const int64_t j0 = int64_t(n) * kN;
-    if (kGeneral) forward_detail::transform_scores(s, rule, row0, j0);
-    if (!rule.block_unmasked(m0 + 64 * wg, 64, j0, kN)) forward_detail::apply_mask(s, rule.window, row0, int(j0));
+    if (kGeneral) forward_detail::transform_scores_at(s, rule, diag, j0);
+    if (!rule.block_unmasked(m0 + 64 * wg, 64, j0, kN)) forward_detail::apply_mask_at(s, rule.window, diag, int(j0));
     forward_detail::exponentiate_scores<kLazy>(s, row_max, row_sum, kGeneral ? 1.f : rule.exp_scale, correction);
   }
 
@@ -403,7 +406,11 @@ __device__ void consume_tile(const KernelParams& p, uint32_t smem, int wg, int i
   const KeyBlocks blocks = KeyBlocks::of(rule, t.seq, t.m0, C::kM, C::kN, p.num_splits, t.split);
   const bool had_keys = blocks.begin < blocks.end;
   const int row0 = t.m0 + 64 * wg + 16 * ((int(threadIdx.x) % 128) / 32);
-  Consumer<T, kD, kTall, kGeneral> consumer{p, rule, t.m0, smem, Barriers<C::kKStages, C::kVStages>{smem + C::kBarrierOffset}, wg, row0};
+  const Barriers<C::kKStages, C::kVStages> bars{smem + C::kBarrierOffset};
+  Consumer<T, kD, kTall, kGeneral> consumer{p, rule, t.m0, smem, bars, wg, row0};
+  const int lane_row = row0 + (int(threadIdx.x) % 32) / 4;
+  consumer.diag[0] = int(rule.window.diagonal(lane_row));
+  consumer.diag[1] = int(rule.window.diagonal(lane_row + 8));
   consumer.run(blocks, ring, q_loads & 1u);
   consumer.finish(order.tile(p, index, C::kM), had_keys);  // recomputed: t need not live through run()
   if (had_keys) {
