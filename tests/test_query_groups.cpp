@@ -1,8 +1,11 @@
 // core/query_groups.h: which calls fold the heads of a group into rows, that the folded call
-// addresses every q, out and lse element of the original one at the same place, and that "every
-// row sees every key" is exactly what the window definition says. The sweeps (decode_gqa_* and
-// prefill_gqa_bhsd_folded cases) check the folded calls against the oracle on every backend.
+// addresses every q, out and lse element of the original one at the same place, and that a
+// folded window (semantics::Window::fold) shows each row the keys of its query row. The sweeps
+// (decode_gqa_* and prefill_gqa_* cases) check the folded calls against the oracle on every
+// backend.
 #include <gtest/gtest.h>
+
+#include <utility>
 
 #include "core/query_groups.h"
 #include "core/semantics.h"
@@ -42,9 +45,9 @@ TEST(QueryGroups, FoldsADecodeWithGroupedHeads) {
   Params causal = decode_params();
   causal.window_right = 0;
   EXPECT_TRUE(flashattn::query_groups_foldable(causal));
-  Params wide = decode_params();
-  wide.window_left = 99;  // seqlen_k - 1: still every key
-  EXPECT_TRUE(flashattn::query_groups_foldable(wide));
+  Params narrow = decode_params();
+  narrow.window_left = 10;  // the query sees keys 89..99
+  EXPECT_TRUE(flashattn::query_groups_foldable(narrow));
   Params no_lse = decode_params();
   no_lse.lse = nullptr;
   no_lse.lse_head = 7;
@@ -58,21 +61,21 @@ TEST(QueryGroups, FoldsADecodeWithGroupedHeads) {
 // keys, rows of a head one after another (head stride = 5 rows).
 Params short_prefill_params() { return grouped_call(2, 6, 3, 5, 40, 32, true); }
 
-TEST(QueryGroups, FoldsShortBhsdCallsWhoseRowsSeeEveryKey) {
+TEST(QueryGroups, FoldsShortBhsdCallsUnderAnyWindow) {
   EXPECT_TRUE(flashattn::query_groups_foldable(short_prefill_params()));
-  Params windowed = short_prefill_params();
-  windowed.window_left = 39;  // seqlen_k - 1: the last row still sees the first key
-  windowed.window_right = 4;  // seqlen_q - 1: the first row still sees the last key
-  EXPECT_TRUE(flashattn::query_groups_foldable(windowed));
+  for (const auto& [left, right] : {std::pair{-1, 0}, std::pair{3, 0}, std::pair{38, 3}, std::pair{0, 0}}) {
+    Params windowed = short_prefill_params();
+    windowed.window_left = left;
+    windowed.window_right = right;
+    EXPECT_TRUE(flashattn::query_groups_foldable(windowed)) << left << "," << right;
+  }
   auto not_foldable = [](auto edit) {
     Params p = short_prefill_params();
     edit(p);
     EXPECT_FALSE(flashattn::query_groups_foldable(p));
     EXPECT_EQ(flashattn::fold_query_groups(p).seqlen_q, p.seqlen_q);
   };
-  not_foldable([](Params& p) { p.window_right = 0; });  // causal: row 0 sees keys 0..35 only
-  not_foldable([](Params& p) { p.window_right = 3; });
-  not_foldable([](Params& p) { p.window_left = 38; });
+  not_foldable([](Params& p) { p.fold_rows = 5; });  // folded already
   not_foldable([](Params& p) { p.q = grouped_call(2, 6, 3, 5, 40, 32, false).q; });  // bshd: rows of a head apart
   not_foldable([](Params& p) { p.out.head += 32; });                       // padded heads of out
   not_foldable([](Params& p) { p.lse_head = 8; });                         // padded lse rows
@@ -96,7 +99,6 @@ TEST(QueryGroups, LeavesEveryOtherCallAlone) {
   EXPECT_FALSE(changed([](Params& p) { p.seqlen_q = 2; }));
   EXPECT_FALSE(changed([](Params& p) { p.seqlen_k = 0; }));
   EXPECT_FALSE(changed([](Params& p) { p.heads_kv = 8; }));           // no groups
-  EXPECT_FALSE(changed([](Params& p) { p.window_left = 98; }));       // the first key is hidden
   EXPECT_FALSE(changed([](Params& p) { p.alibi = true; }));           // slope per query head
   EXPECT_FALSE(changed([](Params& p) { p.dropout_p = 0.1f; }));       // mask per (head, row)
   EXPECT_FALSE(changed([](Params& p) { p.lse_head = 2; }));           // lse rows not one head apart
@@ -104,13 +106,15 @@ TEST(QueryGroups, LeavesEveryOtherCallAlone) {
 
 TEST(QueryGroups, FoldedCallAddressesTheSameElements) {
   for (const bool bhsd : {false, true}) {
-    const Params p = grouped_call(3, 8, 2, 1, 100, 64, bhsd);
+    Params p = grouped_call(3, 8, 2, 1, 100, 64, bhsd);
+    p.window_left = 7;
     const Params f = flashattn::fold_query_groups(p);
     ASSERT_EQ(f.seqlen_q, 4);
     ASSERT_EQ(f.heads_q, 2);
     EXPECT_EQ(f.group_size(), 1);
-    EXPECT_EQ(f.window_left, -1);
+    EXPECT_EQ(f.window_left, 7);
     EXPECT_EQ(f.window_right, -1);
+    EXPECT_EQ(f.fold_rows, 1);
     for (int b = 0; b < p.batch; ++b)
       for (int h = 0; h < p.heads_q; ++h) {
         const int hk = h / 4, row = h % 4;
@@ -127,6 +131,7 @@ TEST(QueryGroups, FoldedShortPrefillAddressesTheSameElements) {
   ASSERT_EQ(f.seqlen_q, 10);
   ASSERT_EQ(f.heads_q, 3);
   EXPECT_EQ(f.group_size(), 1);
+  EXPECT_EQ(f.fold_rows, 5);
   for (int b = 0; b < p.batch; ++b)
     for (int h = 0; h < p.heads_q; ++h)
       for (int i = 0; i < p.seqlen_q; ++i) {
@@ -137,22 +142,29 @@ TEST(QueryGroups, FoldedShortPrefillAddressesTheSameElements) {
       }
 }
 
-// Foldable windows are exactly those under which every query row sees every key.
-TEST(QueryGroups, WindowConditionMatchesTheDefinition) {
+// A folded window shows row r the keys of query row r % fold, and its diagonal spans hold
+// every row of the span.
+TEST(QueryGroups, FoldedWindowFollowsTheQueryRow) {
   for (int sq : {1, 2, 5})
-    for (int sk = 1; sk <= 12; ++sk)
-      for (int left = -1; left <= 14; ++left)
-        for (int right = -1; right <= 6; ++right) {
-          const flashattn::semantics::Window w{left, right, sq, sk};
-          bool every_key = true;
-          for (int i = 0; i < sq; ++i)
-            for (int j = 0; j < sk; ++j) every_key = every_key && w.visible(i, j);
-          Params p = grouped_call(2, 6, 3, sq, sk, 32, true);
-          p.window_left = left;
-          p.window_right = right;
-          EXPECT_EQ(flashattn::query_groups_foldable(p), every_key)
-              << "sq=" << sq << " sk=" << sk << " window=(" << left << "," << right << ")";
-        }
+    for (int group : {2, 3})
+      for (int sk = 1; sk <= 12; ++sk)
+        for (int left = -1; left <= 14; ++left)
+          for (int right = -1; right <= 6; ++right) {
+            const flashattn::semantics::Window w{left, right, sq, sk};
+            const flashattn::semantics::Window folded{left, right, group * sq, sk, sq};
+            for (int r = 0; r < group * sq; ++r) {
+              ASSERT_EQ(folded.diagonal(r), w.diagonal(r % sq));
+              for (int j = -1; j <= sk; ++j) ASSERT_EQ(folded.visible(r, j), w.visible(r % sq, j));
+            }
+            for (int i0 = 0; i0 < group * sq; ++i0)
+              for (int n = 1; i0 + n <= group * sq; ++n) {
+                const auto span = folded.diagonals(i0, n);
+                for (int r = i0; r < i0 + n; ++r) {
+                  ASSERT_LE(span.low, folded.diagonal(r));
+                  ASSERT_GE(span.high, folded.diagonal(r));
+                }
+              }
+          }
 }
 
 }  // namespace

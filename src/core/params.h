@@ -39,6 +39,7 @@ struct Params {
   float scale = 0;
   float softcap = 0;
   int window_left = -1, window_right = -1;  // causal is folded in as right = 0
+  int fold_rows = 0;  // > 0: grouped heads folded into rows, fold_rows a head (core/query_groups.h)
   bool alibi = false;
   const float* alibi_slopes = nullptr;    // may be null in shape-only queries
   int64_t alibi_batch = 0;  // 0 when the slopes are per head only

@@ -1,7 +1,5 @@
 #include "core/query_groups.h"
 
-#include "core/semantics.h"
-
 namespace flashattn {
 
 namespace {
@@ -18,12 +16,9 @@ bool group_rows_adjacent(const Params& p) {
 
 bool query_groups_foldable(const Params& p) {
   if (p.pass != Pass::forward || p.varlen() || p.seqlen_q < 1 || p.seqlen_q > kFoldMaxSeqlenQ ||
-      p.seqlen_k <= 0 || p.heads_kv <= 0 || p.group_size() <= 1 || p.alibi || p.has_dropout())
+      p.seqlen_k <= 0 || p.heads_kv <= 0 || p.group_size() <= 1 || p.alibi || p.has_dropout() || p.fold_rows > 0)
     return false;
-  // Every row sees every key: the first row sees the last key, the last row the first.
-  const semantics::Window w{p.window_left, p.window_right, p.seqlen_q, p.seqlen_k};
-  const bool every_row_sees_every_key = w.first_key(p.seqlen_q - 1) == 0 && w.last_key(0) == p.seqlen_k - 1;
-  return every_row_sees_every_key && group_rows_adjacent(p);
+  return group_rows_adjacent(p);
 }
 
 Params fold_query_groups(const Params& p) {
@@ -40,7 +35,7 @@ Params fold_query_groups(const Params& p) {
   f.seqlen_q = group * p.seqlen_q;
   f.heads_q = p.heads_kv;
   f.lse_head = int64_t(group) * p.seqlen_q;  // lse of (b, h, i) at b * lse_batch + h * seqlen_q + i
-  f.window_left = f.window_right = -1;       // every row saw every key, so every folded row does
+  f.fold_rows = p.seqlen_q;                  // the window's diagonal follows row % seqlen_q
   return f;
 }
 

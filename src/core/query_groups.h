@@ -14,17 +14,17 @@ namespace flashattn {
 constexpr int kFoldMaxSeqlenQ = 64;
 
 // True when fold_query_groups() rewrites `p`: a dense forward with 1 <= seqlen_q <=
-// kFoldMaxSeqlenQ, G > 1, keys, every row seeing every key (so no causal mask unless seqlen_q = 1,
-// and no window that hides one), the rows of a group's heads one after another in memory (any
+// kFoldMaxSeqlenQ, G > 1, keys, the rows of a group's heads one after another in memory (any
 // layout at seqlen_q = 1; head stride = seqlen_q x row stride, as in bhsd, otherwise; lse rows
-// the same), and nothing tied to the query head or row index: no ALiBi, no dropout.
+// the same), and nothing tied to the query head: no ALiBi, no dropout. Masks stay: the window
+// of a folded row is the one of its query row (semantics::Window::fold).
 bool query_groups_foldable(const Params& p);
 
 // `p` with the query heads of each group as rows: row g * seqlen_q + i of K/V head hk is row i
 // of query head hk * G + g; q and out keep their row stride (at seqlen_q = 1 the head stride
-// becomes it), heads_q = heads_kv, seqlen_q = G * seqlen_q, no mask. Every (b, h, i) element
-// keeps its address, so the results are the ones of the unfolded call. Returns `p` unchanged
-// where not foldable.
+// becomes it), heads_q = heads_kv, seqlen_q = G * seqlen_q, fold_rows = seqlen_q (the mask of
+// row r is the one of query row r % fold_rows). Every (b, h, i) element keeps its address, so
+// the results are the ones of the unfolded call. Returns `p` unchanged where not foldable.
 Params fold_query_groups(const Params& p);
 
 }  // namespace flashattn

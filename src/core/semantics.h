@@ -15,23 +15,44 @@ namespace flashattn::semantics {
 
 // Window (left, right), -1 meaning unbounded, aligned bottom-right: query i of a sequence with
 // sq queries and sk keys sits at key position i + sk - sq. Causal is window (-1, 0).
+//
+// `fold` > 0: the rows are the query rows of several heads one after another, `fold` rows each
+// (grouped heads folded into rows, core/query_groups.h), so row i is query row i % fold of a
+// sequence of `fold` queries. The backward never folds (first_query / last_query ignore it).
 struct Window {
   int left = -1, right = -1;
   int seqlen_q = 0, seqlen_k = 0;
+  int fold = 0;
 
-  FA_HD int64_t diagonal(int64_t i) const { return i + seqlen_k - seqlen_q; }
+  FA_HD int64_t diagonal(int64_t i) const { return fold > 0 ? folded_row(i) + seqlen_k - fold : unfolded_diagonal(i); }
+  // The diagonal where rows are never folded (the backward): no remainder in masked loops.
+  FA_HD int64_t unfolded_diagonal(int64_t i) const { return i + seqlen_k - seqlen_q; }
+  // Query row of folded row i.
+  FA_HD int64_t folded_row(int64_t i) const { return int64_t(int(i) % fold); }
   FA_HD bool visible(int64_t i, int64_t j) const {
     const int64_t c = diagonal(i);
     return j >= 0 && j < seqlen_k && (left < 0 || j >= c - left) && (right < 0 || j <= c + right);
   }
-  // Visible keys of row i lie in [first_key(i), last_key(i)] (empty when first > last).
-  FA_HD int64_t first_key(int64_t i) const {
-    const int64_t lo = left < 0 ? 0 : diagonal(i) - left;
+  // Visible keys of a row on diagonal c lie in [first_key_at(c), last_key_at(c)] (empty when
+  // first > last); both grow with c.
+  FA_HD int64_t first_key_at(int64_t c) const {
+    const int64_t lo = left < 0 ? 0 : c - left;
     return lo < 0 ? 0 : lo;
   }
-  FA_HD int64_t last_key(int64_t i) const {
-    const int64_t hi = right < 0 ? seqlen_k - 1 : diagonal(i) + right;
+  FA_HD int64_t last_key_at(int64_t c) const {
+    const int64_t hi = right < 0 ? seqlen_k - 1 : c + right;
     return hi > seqlen_k - 1 ? seqlen_k - 1 : hi;
+  }
+  FA_HD int64_t first_key(int64_t i) const { return first_key_at(diagonal(i)); }
+  FA_HD int64_t last_key(int64_t i) const { return last_key_at(diagonal(i)); }
+  // The diagonals of rows [i0, i0 + n), n >= 1, lie in [low, high]: the first and last row's,
+  // or with folded rows all of a head's (a superset where the span does not wrap, which costs
+  // only masks; it needs no remainder in the callers' loops).
+  struct Diagonals {
+    int64_t low, high;
+  };
+  FA_HD Diagonals diagonals(int64_t i0, int64_t n) const {
+    return {fold > 0 ? int64_t(seqlen_k) - fold : diagonal(i0), fold > 0 ? int64_t(seqlen_k) - 1 : diagonal(i0 + n - 1)};
   }
   // Rows that see key j lie in [first_query(j), last_query(j)] (empty when first > last).
   FA_HD int64_t first_query(int64_t j) const {
@@ -60,9 +81,13 @@ FA_HD T softcap_grad(T capped, T cap) {
 
 // ALiBi: -slope * |i + sk - sq - j|, added after softcap.
 template <typename T>
-FA_HD T alibi_bias(T slope, const Window& w, int64_t i, int64_t j) {
-  const int64_t dist = w.diagonal(i) - j;
+FA_HD T alibi_bias_at(T slope, int64_t diagonal, int64_t j) {
+  const int64_t dist = diagonal - j;
   return -slope * T(dist < 0 ? -dist : dist);
+}
+template <typename T>
+FA_HD T alibi_bias(T slope, const Window& w, int64_t i, int64_t j) {
+  return alibi_bias_at(slope, w.diagonal(i), j);
 }
 
 // Philox4x32 with 7 rounds (Salmon et al., SC'11): counter-based, so any (b, h, i, j) can be

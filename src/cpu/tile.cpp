@@ -34,7 +34,7 @@ void store_rows(const RowCodec& codec, const float* src, int ld, const Operand& 
 
 ScoreRule ScoreRule::make(const Params& p, int b, int h) {
   ScoreRule r;
-  r.window = semantics::Window{p.window_left, p.window_right, p.seqlen_q_of(b), p.seqlen_k_of(b)};
+  r.window = semantics::Window{p.window_left, p.window_right, p.seqlen_q_of(b), p.seqlen_k_of(b), p.fold_rows};
   r.scale = p.scale;
   r.softcap = p.softcap;
   r.alibi_slope = p.alibi_slope(b, h);

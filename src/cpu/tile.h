@@ -79,7 +79,8 @@ struct ScoreRule {
 
   // Every (i, j) of the tile visible?
   bool tile_visible(int64_t i0, int nq, int64_t j0, int nk) const {
-    return window.first_key(i0 + nq - 1) <= j0 && window.last_key(i0) >= j0 + nk - 1;
+    const semantics::Window::Diagonals d = window.diagonals(i0, nq);
+    return window.first_key_at(d.high) <= j0 && window.last_key_at(d.low) >= j0 + nk - 1;
   }
 
   // Raw q.k of row i0 + r, key j0 + c  ->  transformed score, -inf where masked.
@@ -95,7 +96,8 @@ struct Span {
   int64_t begin = 0, end = 0;
 };
 inline Span keys_seen(const semantics::Window& w, int64_t i0, int nq) {
-  return Span{w.first_key(i0), w.last_key(i0 + nq - 1) + 1};
+  const semantics::Window::Diagonals d = w.diagonals(i0, nq);
+  return Span{w.first_key_at(d.low), w.last_key_at(d.high) + 1};
 }
 inline Span queries_seeing(const semantics::Window& w, int64_t j0, int nk) {
   return Span{w.first_query(j0), w.last_query(j0 + nk - 1) + 1};

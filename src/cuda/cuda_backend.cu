@@ -185,7 +185,8 @@ BackwardChoice choose_backward(const Params& p) {
   BackwardChoice c;
   if (const HopperVariant* hopper = hopper_kernel(p, kHopperBackwards)) {
     c = {hopper->launch, hopper->head_dim, sm90::backward_shape(hopper->head_dim).block_n,
-         sm90::backward_smem_bytes(hopper->head_dim), true};
+         std::max(sm90::backward_smem_bytes(hopper->head_dim, false), sm90::backward_smem_bytes(hopper->head_dim, true)),
+         true};
   } else {
     const int padded = padded_head_dim(p.head_dim);
     const Variant* v = padded ? find_variant(p.dtype, padded) : nullptr;
@@ -346,6 +347,7 @@ KernelParams kernel_params(const Params& p, const Choice& choice) {
   k.softcap = p.softcap;
   k.window_left = p.window_left;
   k.window_right = p.window_right;
+  k.fold_rows = p.fold_rows;
   k.alibi_slopes = p.alibi ? p.alibi_slopes : nullptr;
   k.alibi_batch = p.alibi_batch;
   const semantics::Dropout drop = semantics::Dropout::make(p.dropout_p, p.dropout_seed, p.dropout_offset);

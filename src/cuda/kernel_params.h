@@ -23,6 +23,7 @@ struct KernelParams {
 
   float scale = 1.f, softcap = 0.f;
   int window_left = -1, window_right = -1;
+  int fold_rows = 0;  // Params::fold_rows
   const float* alibi_slopes = nullptr;
   int64_t alibi_batch = 0;
   uint32_t dropout_threshold = 0;  // semantics::Dropout

@@ -67,18 +67,25 @@ std::vector<NamedCase> feature_sweep(flashattn_dtype t, const std::vector<int>& 
   decode.alibi = Alibi::per_head;
   s.push_back({"decode_long_keys_every_feature", decode});
   s.push_back({"decode_long_keys_window", with_window(dense(t, d, 2, 1, 1, 1, 5000), 700, 0)});
-  // Decoding with grouped heads: folded into rows of one head (core/query_groups.h) unless the
-  // window hides keys from the one query.
+  // Decoding with grouped heads: folded into rows of one head (core/query_groups.h), windows
+  // included.
   Case folded = causal(dense(t, d, 3, 8, 2, 1, 300));
   folded.softcap = 20.f;
   s.push_back({"decode_gqa_folded", folded});
   s.push_back({"decode_gqa_folded_wide_window", with_window(dense(t, d, 2, 6, 1, 1, 77), 76, 3)});
   s.push_back({"decode_gqa_narrow_window", with_window(dense(t, d, 2, 6, 3, 1, 77), 20, 0)});
-  // A short prefill with grouped heads in bhsd, no mask: folded as well (every row sees every key).
+  // Short prefills with grouped heads in bhsd: folded as well, each row under its query row's
+  // mask (17 rows a head: the folded rows of a query tile wrap past a head's last row).
   Case short_prefill = dense(t, d, 2, 8, 2, 5, 300);
   short_prefill.layout = Layout::bhsd;
   short_prefill.softcap = 20.f;
   s.push_back({"prefill_gqa_bhsd_folded", short_prefill});
+  Case causal_prefill = causal(dense(t, d, 2, 8, 2, 17, 200));
+  causal_prefill.layout = Layout::bhsd;
+  s.push_back({"prefill_gqa_bhsd_causal_folded", causal_prefill});
+  Case window_prefill = with_window(dense(t, d, 1, 6, 1, 33, 90), 20, 3);
+  window_prefill.layout = Layout::bhsd;
+  s.push_back({"prefill_gqa_bhsd_window_folded", window_prefill});
   // Masks.
   s.push_back({"causal_more_queries", causal(dense(t, d, 2, 2, 2, 130, 77))});  // rows 0..52 see nothing
   s.push_back({"causal_fewer_queries", causal(dense(t, d, 2, 2, 2, 77, 130))});

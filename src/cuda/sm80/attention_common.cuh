@@ -58,7 +58,7 @@ struct ScoreRule {
 
   __device__ static ScoreRule make(const KernelParams& p, const Sequence& s, int b, int h) {
     ScoreRule r;
-    r.window = semantics::Window{p.window_left, p.window_right, s.seqlen_q, s.seqlen_k};
+    r.window = semantics::Window{p.window_left, p.window_right, s.seqlen_q, s.seqlen_k, p.fold_rows};
     r.scale = p.scale;
     r.softcap = p.softcap;
     r.alibi_slope = p.alibi_slopes ? p.alibi_slopes[int64_t(b) * p.alibi_batch + h] : 0.f;
@@ -67,18 +67,27 @@ struct ScoreRule {
     return r;
   }
 
-  // log2(e) * transformed score, from the raw product x (general scores only).
+  // log2(e) * transformed score of row i and key j, from the raw product x (general scores
+  // only; rows are query rows, as in the backward, which never folds them).
   __device__ __forceinline__ float transform(float x, int64_t i, int64_t j) const {
+    return transform_at(x, window.unfolded_diagonal(i), j);
+  }
+  // The same for a row on diagonal c.
+  __device__ __forceinline__ float transform_at(float x, int64_t c, int64_t j) const {
     const float s = semantics::softcap<float>(scale * x, softcap);
-    return kLog2e * (s + semantics::alibi_bias<float>(alibi_slope, window, i, j));
+    return kLog2e * (s + semantics::alibi_bias_at<float>(alibi_slope, c, j));
   }
 
   // True when every (i, j) of the block [i0, i0 + rows) x [j0, j0 + cols) is visible, so the
   // block needs no per-element mask. Rows past the sequence end are never stored, so they may
   // count as visible; key columns past the end may not.
   __device__ __forceinline__ bool block_unmasked(int64_t i0, int rows, int64_t j0, int cols) const {
-    return j0 + cols <= window.seqlen_k && window.first_key(i0 + rows - 1) <= j0 &&
-           (window.right < 0 || window.diagonal(i0) + window.right >= j0 + cols - 1);
+    return block_unmasked(window.diagonals(i0, rows), j0, cols);
+  }
+  // The same for rows whose diagonals lie in `d`.
+  __device__ __forceinline__ bool block_unmasked(const semantics::Window::Diagonals& d, int64_t j0, int cols) const {
+    return j0 + cols <= window.seqlen_k && window.first_key_at(d.high) <= j0 &&
+           (window.right < 0 || d.low + window.right >= j0 + cols - 1);
   }
 };
 
@@ -89,10 +98,10 @@ struct KeyBlocks {
 
   __device__ static KeyBlocks of(const ScoreRule& rule, const Sequence& seq, int m0, int block_m, int block_n,
                                  int splits, int split) {
-    const int last_row = min(m0 + block_m, seq.seqlen_q) - 1;
+    const semantics::Window::Diagonals d = rule.window.diagonals(m0, max(1, min(block_m, seq.seqlen_q - m0)));
     KeyBlocks r;
-    r.begin = int(rule.window.first_key(m0) / block_n);
-    r.end = int((rule.window.last_key(last_row) + block_n) / block_n);  // last_key may be -1
+    r.begin = int(rule.window.first_key_at(d.low) / block_n);
+    r.end = int((rule.window.last_key_at(d.high) + block_n) / block_n);  // last_key may be -1
     if (splits > 1) {
       const int per_split = ((seq.seqlen_k + block_n - 1) / block_n + splits - 1) / splits;
       r.begin = max(r.begin, split * per_split);

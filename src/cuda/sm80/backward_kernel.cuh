@@ -261,8 +261,9 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM, kBlock
             // Visible keys of row i, in 32 bits (empty past the last query).
             int first_key = 0, last_key = -1;
             if (kMasked && i < seq.seqlen_q) {
-              first_key = int(rule.window.first_key(i));
-              last_key = int(max(rule.window.last_key(i), int64_t(-1)));
+              const int64_t c = rule.window.unfolded_diagonal(i);  // the backward never folds
+              first_key = int(rule.window.first_key_at(c));
+              last_key = int(max(rule.window.last_key_at(c), int64_t(-1)));
             }
 #pragma unroll
             for (int key_half = 0; key_half < 2 * C::kKeyTiles; ++key_half) {

@@ -54,32 +54,41 @@ namespace forward_detail {
 
 constexpr float kNegInf = -INFINITY;
 
-// General scores of a 16 x kN tile after S = Q K^T: raw q.k -> log2-domain transformed score.
+// General scores of a 16 x kN tile after S = Q K^T: raw q.k -> log2-domain transformed score,
+// the rows lane / 4 and lane / 4 + 8 on diagonals diag[0] and diag[1].
 template <int kTiles>
-__device__ __forceinline__ void transform_scores(float (&s)[kTiles][4], const ScoreRule& rule, int64_t row0,
-                                                 int64_t j0) {
+__device__ __forceinline__ void transform_scores_at(float (&s)[kTiles][4], const ScoreRule& rule, const int (&diag)[2],
+                                                    int64_t j0) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int nt = 0; nt < kTiles; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int64_t i = row0 + lane / 4 + (e / 2) * 8;
       const int64_t j = j0 + nt * 8 + (lane % 4) * 2 + (e % 2);
-      s[nt][e] = rule.transform(s[nt][e], i, j);
+      s[nt][e] = rule.transform_at(s[nt][e], diag[e / 2], j);
     }
 }
 
-// Masks a 16 x kN score tile: key j of row i stays iff first_key(i) <= j <= last_key(i). The
+// The same from sequence row row0 (diagonals derived once per call).
+template <int kTiles>
+__device__ __forceinline__ void transform_scores(float (&s)[kTiles][4], const ScoreRule& rule, int64_t row0,
+                                                 int64_t j0) {
+  const int row = int(row0) + int(threadIdx.x % 32) / 4;
+  const int diag[2] = {int(rule.window.diagonal(row)), int(rule.window.diagonal(row + 8))};
+  transform_scores_at(s, rule, diag, j0);
+}
+
+// Masks a 16 x kN score tile whose rows lane / 4 and lane / 4 + 8 lie on diagonals diag[0] and
+// diag[1]: key j of a row on diagonal c stays iff first_key_at(c) <= j <= last_key_at(c). The
 // bounds are derived here, in 32 bits, so that nothing of the mask stays live across the key loop.
 template <int kTiles>
-__device__ __forceinline__ void apply_mask(float (&s)[kTiles][4], const semantics::Window& window, int row0,
-                                           int j0) {
+__device__ __forceinline__ void apply_mask_at(float (&s)[kTiles][4], const semantics::Window& window,
+                                              const int (&diag)[2], int j0) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int64_t i = row0 + lane / 4 + half * 8;
-    const int first = int(window.first_key(i));
-    const int last = int(max(window.last_key(i), int64_t(-1)));
+    const int first = int(window.first_key_at(diag[half]));
+    const int last = int(max(window.last_key_at(diag[half]), int64_t(-1)));
 #pragma unroll
     for (int nt = 0; nt < kTiles; ++nt)
 #pragma unroll
@@ -88,6 +97,15 @@ __device__ __forceinline__ void apply_mask(float (&s)[kTiles][4], const semantic
         if (j < first || j > last) s[nt][2 * half + e] = kNegInf;
       }
   }
+}
+
+// The same for the 16-row tile from sequence row row0 (diagonals derived per call).
+template <int kTiles>
+__device__ __forceinline__ void apply_mask(float (&s)[kTiles][4], const semantics::Window& window, int row0,
+                                           int j0) {
+  const int row = row0 + int(threadIdx.x % 32) / 4;
+  const int diag[2] = {int(window.diagonal(row)), int(window.diagonal(row + 8))};
+  apply_mask_at(s, window, diag, j0);
 }
 
 // Lazy rescaling (kLazy, for head dims above 128, where a thread's output accumulators outnumber

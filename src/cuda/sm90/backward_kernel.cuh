@@ -1,20 +1,22 @@
 // Backward attention on sm_90a: TMA, wgmma and warp specialisation.
 //
 // A block owns 128 keys of one (batch, kv head) and keeps dK and dV for them in registers while
-// it walks over the query blocks (64 rows, every query head of the GQA group) that see them. The
-// producer warpgroup gives up its registers: one thread loads K and V once and Q and dO of each
-// step into a ring of stages by TMA, one warp copies the step's lse and delta rows, and one
-// thread per consumer adds that consumer's dQ tiles to the fp32 accumulator by TMA reduce-add.
-// Each of the two consumer warpgroups owns 64 of the keys, with keys as the rows of its products:
+// it walks over the query blocks (64 rows, 128 at d = 64; every query head of the GQA group) that
+// see them. The producer warpgroup gives up its registers: one thread loads K and V once and Q
+// and dO of each step into a ring of stages by TMA, one warp copies the step's lse and delta
+// rows, and one thread per consumer adds that consumer's dQ tiles to the fp32 accumulator by TMA
+// reduce-add. Each of the two consumer warpgroups owns 64 of the keys, with keys as the rows of
+// its products:
 //   S^T = K Q^T, dP^T = V dO^T                     wgmma SS, K-major operands
 //   P^T = exp2(S^T - lse), dS^T = P^T (dP^T - delta) in the accumulator registers
 //   dV += P^T dO, dK += dS^T Q                      wgmma RS: P^T and dS^T straight from registers
 //   dQ += dS K                                      wgmma SS from dS^T in shared memory (M-major A)
 // and stores its dQ tile in shared memory as swizzled 32-column boxes, which its producer thread
-// adds to dq_accum (no atomics in the consumers). Warpgroup w computes dQ columns [w d/2, (w + 1)
-// d/2) over all 128 keys, so the two consumers' tiles never overlap. Deterministic mode: the adds
-// to each dQ tile take turns in key-block order (an int per tile and consumer in global memory),
-// so every address sees its adds in a fixed order.
+// adds to dq_accum (no atomics in the consumers). Warpgroup w computes dQ over all 128 keys for
+// columns [w d/2, (w + 1) d/2) of a 64-row step, or rows [64 w, 64 w + 64) of a 128-row step, so
+// the two consumers' tiles never overlap. Deterministic mode: the adds to each dQ tile take turns
+// in key-block order (an int per tile and consumer in global memory), so every address sees its
+// adds in a fixed order.
 #pragma once
 
 #include <cuda.h>
@@ -39,21 +41,24 @@ struct BackwardArgs {
   KernelParams p;
 };
 
-template <typename T, int D>
+template <typename T, int D, bool kGeneral>
 struct BackwardConfig {
   static constexpr int kD = D;
   static_assert(backward_supported(D) && !backward_wide(D), "the narrow sm90 backward serves head dims 64 and 128");
-  static constexpr BackwardShape kShape = backward_shape(kD);
+  static constexpr BackwardShape kShape = backward_shape(kD, kGeneral);
   static constexpr int kM = kShape.block_m, kN = kShape.block_n, kStages = kShape.stages;
   static constexpr int kThreads = 384;  // producer + two consumer warpgroups of 64 keys
-  static_assert(kN == 128 && kM == 64, "two consumer warpgroups of 64 keys, 64-row dQ tiles");
-  static constexpr int kDqCols = kD / 2;  // dQ columns of a consumer, over all keys
-  static constexpr int kDqRounds = 1;      // dQ tiles a consumer hands over per step
+  static_assert(kN == 128 && (kM == 64 || kM == 128), "two consumer warpgroups of 64 keys, 64 or 128 query rows");
+  // A consumer's dQ over all keys: d/2 columns of the 64 rows, or all columns of its 64 of 128.
+  static constexpr int kDqCols = backward_dq_cols(kD, kGeneral);
+  static constexpr int kDqRounds = 1;  // dQ tiles a consumer hands over per step
+  __device__ static int dq_row(int wg) { return kM == 128 ? 64 * wg : 0; }
+  __device__ static int dq_col(int wg) { return kM == 128 ? 0 : wg * kDqCols; }
   static constexpr int kColumnBlocks = kD / 64;  // 64-column TMA boxes of a row
   using QTile = SwizzledTile<kM, kD>;   // Q and dO of a step
   using KTile = SwizzledTile<kN, kD>;   // K and V
   using DsTile = SwizzledTile<kN, kM>;  // dS^T, [key][query]
-  using DqTile = SwizzledFloatTile<kM, kDqCols>;  // a consumer's dQ: boxes of 32 columns of dq_accum
+  using DqTile = SwizzledFloatTile<64, kDqCols>;  // a consumer's dQ: boxes of 32 columns of dq_accum
   static constexpr int kVOffset = KTile::kBytes;
   static constexpr int kQOffset = 2 * KTile::kBytes;
   static constexpr int kDoOffset = kQOffset + kStages * QTile::kBytes;
@@ -64,7 +69,7 @@ struct BackwardConfig {
   static constexpr int kBarrierOffset = kRowsOffset + kStages * 2 * kM * 4;
   static constexpr int kBarriers = 1 + 2 * kStages + 4;
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
-  static_assert(kSmemBytes == backward_smem_bytes(kD), "the host reads the same size");
+  static_assert(kSmemBytes == backward_smem_bytes(kD, kGeneral), "the host reads the same size");
   // Register budgets after reallocation: setmaxnreg moves registers inside the block's launch
   // allocation (168 per thread at 384 threads), so the budgets must fit in it.
   static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
@@ -221,8 +226,8 @@ __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, i
       if (r == 0 && m >= before_begin && m < before_end) wait_for_turn(turn, n);
 #pragma unroll
       for (int box = 0; box < kRoundCols / 32; ++box)
-        tma_reduce_add_3d(args.dq_accum, tile + box * C::DqTile::kBlockBytes, wg * C::kDqCols + r * kRoundCols + 32 * box,
-                          h, row0 + m * C::kM);
+        tma_reduce_add_3d(args.dq_accum, tile + box * C::DqTile::kBlockBytes, C::dq_col(wg) + r * kRoundCols + 32 * box,
+                          h, row0 + m * C::kM + C::dq_row(wg));
       bulk_commit();
       bulk_wait_read<0>();  // TMA has read the tile: the consumer may refill it
       mbarrier_arrive(bars.dq_empty(wg));
@@ -379,7 +384,7 @@ __device__ __forceinline__ void run_backward_block(const BackwardArgs& args) {
 // One consumer warpgroup: 64 keys, dK and dV in registers.
 template <typename T, int kD, bool kGeneral>
 struct BackwardConsumer {
-  using C = BackwardConfig<T, kD>;
+  using C = BackwardConfig<T, kD, kGeneral>;
   static constexpr int kM = C::kM, kN = C::kN;
 
   const KernelParams& p;
@@ -480,8 +485,8 @@ struct BackwardConsumer {
     named_barrier_arrive(kDsWrittenBarrier + 2 * (s % 2) + wg, 256);
   }
 
-  // dQ columns [wg d/2, (wg + 1) d/2) of step s over all keys, once the other consumer's dS^T of
-  // step s is written.
+  // This warpgroup's dQ of step s over all keys (columns [wg d/2, (wg + 1) d/2) of 64 rows, or
+  // rows [64 wg, 64 wg + 64) of 128), once the other consumer's dS^T of step s is written.
   __device__ void issue_dq(float (&dq)[C::kDqCols / 8][4], int s) const {
     using DsTile = typename C::DsTile;
     using KTile = typename C::KTile;
@@ -490,8 +495,8 @@ struct BackwardConsumer {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk)
-      WgmmaOp<T, kDqCols>::template ss<1, 1>(flat<kDqCols>(dq), n_major_descriptor<DsTile>(ds_tile(s % 2), kk),
-                                             n_major_descriptor<KTile>(k_tile(), kk, wg * kDqCols), kk > 0);
+      WgmmaOp<T, kDqCols>::template ss<1, 1>(flat<kDqCols>(dq), n_major_descriptor<DsTile>(ds_tile(s % 2), kk, C::dq_row(wg)),
+                                             n_major_descriptor<KTile>(k_tile(), kk, C::dq_col(wg)), kk > 0);
     wgmma_commit();
   }
 
@@ -541,9 +546,9 @@ struct BackwardConsumer {
 
 // kGeneral: scores need ScoreRule::transform (softcap, ALiBi, non-positive scale).
 template <typename T, int kD, bool kGeneral>
-__global__ void __launch_bounds__(BackwardConfig<T, kD>::kThreads, 1)
+__global__ void __launch_bounds__(BackwardConfig<T, kD, kGeneral>::kThreads, 1)
     backward_kernel(const __grid_constant__ BackwardArgs args) {
-  run_backward_block<BackwardConfig<T, kD>, BackwardConsumer<T, kD, kGeneral>>(args);
+  run_backward_block<BackwardConfig<T, kD, kGeneral>, BackwardConsumer<T, kD, kGeneral>>(args);
 }
 
 }  // namespace flashattn::cuda::sm90

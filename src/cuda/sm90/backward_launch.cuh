@@ -21,9 +21,9 @@ constexpr auto backward_kernel_for() {
     return backward_kernel<T, kD, kGeneral>;
 }
 
-template <typename T, int kD>
+template <typename T, int kD, bool kGeneral>
 Status launch_backward_main(const KernelParams& p, cudaStream_t stream) {
-  using C = std::conditional_t<backward_wide(kD), WideBackwardConfig<T, kD>, BackwardConfig<T, kD>>;
+  using C = std::conditional_t<backward_wide(kD), WideBackwardConfig<T, kD, kGeneral>, BackwardConfig<T, kD, kGeneral>>;
   BackwardArgs args;
   args.p = p;
   constexpr bool kBf16 = std::is_same_v<T, bf16>;
@@ -31,8 +31,8 @@ Status launch_backward_main(const KernelParams& p, cudaStream_t stream) {
   FA_TRY(make_operand_map(&args.dout, p.dout, p, Side::queries, kBf16, C::kM));
   FA_TRY(make_operand_map(&args.k, p.k, p, Side::keys, kBf16, C::kN));
   FA_TRY(make_operand_map(&args.v, p.v, p, Side::keys, kBf16, C::kN));
-  FA_TRY(make_accumulator_map(&args.dq_accum, p.dq_accum, int64_t(p.dq_copies) * p.rows_q, p.heads_q, kD, C::kM));
-  const auto kernel = ScoreRule::is_general(p) ? backward_kernel_for<T, kD, true>() : backward_kernel_for<T, kD, false>();
+  FA_TRY(make_accumulator_map(&args.dq_accum, p.dq_accum, int64_t(p.dq_copies) * p.rows_q, p.heads_q, kD, 64));
+  const auto kernel = backward_kernel_for<T, kD, kGeneral>();
   FA_TRY(device_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes),
                        "cudaFuncSetAttribute(sm90 backward_kernel)"));
   const int n_blocks = (p.seqlen_k + C::kN - 1) / C::kN;
@@ -48,7 +48,9 @@ Status launch_backward(const KernelParams& p, cudaStream_t stream) {
     const size_t bytes = size_t(backward_dq_turns(p.rows_q, p.batch, p.heads_q)) * sizeof(int);
     FA_TRY(device_status(cudaMemsetAsync(p.dq_turns, 0, bytes, stream), "cudaMemsetAsync(dq_turns)"));
   }
-  if (p.seqlen_k > 0) FA_TRY((launch_backward_main<T, kD>(p, stream)));
+  if (p.seqlen_k > 0)
+    FA_TRY((ScoreRule::is_general(p) ? launch_backward_main<T, kD, true>(p, stream)
+                                     : launch_backward_main<T, kD, false>(p, stream)));
   return launch_backward_finish<T>(p, kD, stream);
 }
 

@@ -13,7 +13,7 @@
 
 namespace flashattn::cuda::sm90 {
 
-template <typename T, int D>
+template <typename T, int D, bool kGeneral>
 struct WideBackwardConfig {
   static constexpr int kD = D;
   static constexpr BackwardShape kShape = backward_shape(kD);
@@ -29,6 +29,8 @@ struct WideBackwardConfig {
   using KTile = SwizzledTile<kN, kD>;   // K and V
   using PTile = SwizzledTile<kN, kM>;   // P^T or dS^T, [key][query]
   using DqTile = SwizzledFloatTile<kM, kDqCols / kDqRounds>;
+  __device__ static int dq_row(int) { return 0; }
+  __device__ static int dq_col(int wg) { return wg * kDqCols; }
   static constexpr int kVOffset = KTile::kBytes;
   static constexpr int kQOffset = 2 * KTile::kBytes;
   static constexpr int kDoOffset = kQOffset + kStages * QTile::kBytes;
@@ -51,7 +53,7 @@ constexpr int kWideTilesFree = 1, kWideTilesWritten = 2;
 
 template <typename T, int kD, bool kGeneral>
 struct WideBackwardConsumer {
-  using C = WideBackwardConfig<T, kD>;
+  using C = WideBackwardConfig<T, kD, kGeneral>;
   static constexpr int kM = C::kM, kN = C::kN, kQueries = C::kQueries, kCols = C::kCols;
   static constexpr int kRoundCols = kCols / C::kDqRounds;
 
@@ -186,9 +188,9 @@ struct WideBackwardConsumer {
 };
 
 template <typename T, int kD, bool kGeneral>
-__global__ void __launch_bounds__(WideBackwardConfig<T, kD>::kThreads, 1)
+__global__ void __launch_bounds__(WideBackwardConfig<T, kD, kGeneral>::kThreads, 1)
     wide_backward_kernel(const __grid_constant__ BackwardArgs args) {
-  run_backward_block<WideBackwardConfig<T, kD>, WideBackwardConsumer<T, kD, kGeneral>>(args);
+  run_backward_block<WideBackwardConfig<T, kD, kGeneral>, WideBackwardConsumer<T, kD, kGeneral>>(args);
 }
 
 }  // namespace flashattn::cuda::sm90

@@ -45,7 +45,8 @@ struct ForwardArgs {
 template <typename T, int kD, bool kTall>
 struct ForwardConfig {
   static constexpr ForwardShape kShape = forward_shape(kD, kTall);
-  static constexpr int kM = kShape.block_m, kN = kShape.block_n, kStages = kShape.stages;
+  static constexpr int kM = kShape.block_m, kN = kShape.block_n;
+  static constexpr int kKStages = kShape.k_stages, kVStages = kShape.v_stages;
   static constexpr bool kPingpong = kShape.pingpong;
   static constexpr int kConsumers = kM / 64;
   static constexpr int kThreads = 128 * (1 + kConsumers);
@@ -55,10 +56,10 @@ struct ForwardConfig {
   // Q's tile), then the mbarriers and the two tile slots; 1024-byte aligned tiles.
   static constexpr bool kPersistent = forward_persistent(kD);  // and O staged in a tile of its own
   static constexpr int kKOffset = QTile::kBytes;
-  static constexpr int kVOffset = kKOffset + kStages * KVTile::kBytes;
-  static constexpr int kOOffset = kVOffset + kStages * KVTile::kBytes;
+  static constexpr int kVOffset = kKOffset + kKStages * KVTile::kBytes;
+  static constexpr int kOOffset = kVOffset + kVStages * KVTile::kBytes;
   static constexpr int kBarrierOffset = kOOffset + (kPersistent ? QTile::kBytes : 0);
-  static constexpr int kBarriers = forward_barriers(kStages);
+  static constexpr int kBarriers = forward_barriers(kKStages, kVStages);
   static constexpr int kTileSlotOffset = kBarrierOffset + 8 * kBarriers;
   static constexpr int kSmemBytes = kTileSlotOffset + 16 + 1024;  // + slack to align the base
   static_assert(kSmemBytes == forward_smem_bytes(kD, kTall), "the host reads the same size");
@@ -73,17 +74,17 @@ struct ForwardConfig {
 };
 
 // The mbarriers of the ring, in the order they sit in shared memory.
-template <int kStages>
+template <int kKStages, int kVStages>
 struct Barriers {
   uint32_t base;
   __device__ uint32_t q_full() const { return base; }
   __device__ uint32_t q_empty() const { return base + 8; }
   __device__ uint32_t k_full(int s) const { return base + 8 * (2 + s); }
-  __device__ uint32_t k_empty(int s) const { return base + 8 * (2 + kStages + s); }
-  __device__ uint32_t v_full(int s) const { return base + 8 * (2 + 2 * kStages + s); }
-  __device__ uint32_t v_empty(int s) const { return base + 8 * (2 + 3 * kStages + s); }
-  __device__ uint32_t tile_full(int slot) const { return base + 8 * (2 + 4 * kStages + slot); }
-  __device__ uint32_t tile_empty(int slot) const { return base + 8 * (4 + 4 * kStages + slot); }
+  __device__ uint32_t k_empty(int s) const { return base + 8 * (2 + kKStages + s); }
+  __device__ uint32_t v_full(int s) const { return base + 8 * (2 + 2 * kKStages + s); }
+  __device__ uint32_t v_empty(int s) const { return base + 8 * (2 + 2 * kKStages + kVStages + s); }
+  __device__ uint32_t tile_full(int slot) const { return base + 8 * (2 + 2 * kKStages + 2 * kVStages + slot); }
+  __device__ uint32_t tile_empty(int slot) const { return base + 8 * (4 + 2 * kKStages + 2 * kVStages + slot); }
 };
 
 // Tile coordinates shared by the producer and the consumers.
@@ -135,22 +136,23 @@ struct TileSlots {
 // so far (the ring's position), `q_loads` the Q tiles loaded so far.
 template <typename C>
 __device__ void produce_tile(const ForwardArgs& args, const ForwardTile& t, KeyBlocks blocks, uint32_t smem,
-                             const Barriers<C::kStages>& bars, int& ring, uint32_t& q_loads) {
+                             const Barriers<C::kKStages, C::kVStages>& bars, int& ring, uint32_t& q_loads) {
   const KernelParams& p = args.p;
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int batch = varlen ? 0 : t.b;  // varlen maps are one batch of packed rows
   const int hk = t.h / p.group;
 #pragma unroll 1
   for (int n = blocks.end - 1; n >= blocks.begin; --n, ++ring) {
-    const RingSlot<C::kStages> slot = RingSlot<C::kStages>::of(ring);
+    const RingSlot<C::kKStages> k_slot = RingSlot<C::kKStages>::of(ring);
+    const RingSlot<C::kVStages> v_slot = RingSlot<C::kVStages>::of(ring);
     const int row = int(t.seq.k_start) + n * C::kN;
-    const uint32_t k_tile = smem + C::kKOffset + slot.stage * C::KVTile::kBytes;
-    const uint32_t v_tile = smem + C::kVOffset + slot.stage * C::KVTile::kBytes;
-    mbarrier_wait(bars.k_empty(slot.stage), slot.parity ^ 1u);
-    mbarrier_arrive_expect_tx(bars.k_full(slot.stage), C::KVTile::kBytes);
+    const uint32_t k_tile = smem + C::kKOffset + k_slot.stage * C::KVTile::kBytes;
+    const uint32_t v_tile = smem + C::kVOffset + v_slot.stage * C::KVTile::kBytes;
+    mbarrier_wait(bars.k_empty(k_slot.stage), k_slot.parity ^ 1u);
+    mbarrier_arrive_expect_tx(bars.k_full(k_slot.stage), C::KVTile::kBytes);
 #pragma unroll
     for (int cb = 0; cb < C::KVTile::kCols / 64; ++cb)
-      tma_load_4d(k_tile + cb * C::KVTile::kBlockBytes, args.k, bars.k_full(slot.stage), cb * 64, row, hk, batch);
+      tma_load_4d(k_tile + cb * C::KVTile::kBlockBytes, args.k, bars.k_full(k_slot.stage), cb * 64, row, hk, batch);
     if (n == blocks.end - 1) {
       // Q after the first K: the previous tile's consumers may still be reading Q's tile.
       mbarrier_wait(bars.q_empty(), (q_loads & 1u) ^ 1u);
@@ -161,11 +163,11 @@ __device__ void produce_tile(const ForwardArgs& args, const ForwardTile& t, KeyB
                     t.h, batch);
       ++q_loads;
     }
-    mbarrier_wait(bars.v_empty(slot.stage), slot.parity ^ 1u);
-    mbarrier_arrive_expect_tx(bars.v_full(slot.stage), C::KVTile::kBytes);
+    mbarrier_wait(bars.v_empty(v_slot.stage), v_slot.parity ^ 1u);
+    mbarrier_arrive_expect_tx(bars.v_full(v_slot.stage), C::KVTile::kBytes);
 #pragma unroll
     for (int cb = 0; cb < C::KVTile::kCols / 64; ++cb)
-      tma_load_4d(v_tile + cb * C::KVTile::kBlockBytes, args.v, bars.v_full(slot.stage), cb * 64, row, hk, batch);
+      tma_load_4d(v_tile + cb * C::KVTile::kBlockBytes, args.v, bars.v_full(v_slot.stage), cb * 64, row, hk, batch);
   }
 }
 
@@ -177,7 +179,7 @@ __device__ void produce_index(const ForwardArgs& args, int index, uint32_t smem,
   if (t.m0 >= t.seq.seqlen_q) return;
   const ScoreRule rule = ScoreRule::make(p, t.seq, t.b, t.h);
   produce_tile<C>(args, t, KeyBlocks::of(rule, t.seq, t.m0, C::kM, C::kN, p.num_splits, t.split), smem,
-                  Barriers<C::kStages>{smem + C::kBarrierOffset}, ring, q_loads);
+                  Barriers<C::kKStages, C::kVStages>{smem + C::kBarrierOffset}, ring, q_loads);
 }
 
 // gridDim.x read where it is used: hoisted out of the producer's loop, it costs a spill at the
@@ -201,7 +203,7 @@ __device__ void produce(const ForwardArgs& args, uint32_t smem) {
   if constexpr (!C::kPersistent) {
     produce_index<C>(args, int(blockIdx.x), smem, ring, q_loads);
   } else {
-    const Barriers<C::kStages> bars{smem + C::kBarrierOffset};
+    const Barriers<C::kKStages, C::kVStages> bars{smem + C::kBarrierOffset};
     const TileSlots slots{smem + C::kTileSlotOffset};
     slots.keep_total(TileOrder::of(p, C::kM).total);  // in shared memory: a register would spill
     int index = int(blockIdx.x);
@@ -230,9 +232,12 @@ struct Consumer {
   const ScoreRule& rule;
   int m0;           // first query row of the tile
   uint32_t smem;
-  Barriers<C::kStages> bars;
+  Barriers<C::kKStages, C::kVStages> bars;
   int wg;           // consumer index
   int row0;         // sequence row of this warp's first query row
+  // Window diagonals of this thread's two rows (set per tile: with folded rows a diagonal takes
+  // a remainder, kept out of the key loop).
+  int diag[2] = {0, 0};
   float o[kD / 8][4] = {};
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
 
@@ -269,8 +274,8 @@ struct Consumer {
   // Scores of key block n -> probabilities, returning the rescale factor of the older blocks.
   __device__ void softmax(float (&s)[kN / 8][4], int n, float (&correction)[2]) {
     const int64_t j0 = int64_t(n) * kN;
-    if (kGeneral) forward_detail::transform_scores(s, rule, row0, j0);
-    if (!rule.block_unmasked(m0 + 64 * wg, 64, j0, kN)) forward_detail::apply_mask(s, rule.window, row0, int(j0));
+    if (kGeneral) forward_detail::transform_scores_at(s, rule, diag, j0);
+    if (!rule.block_unmasked(m0 + 64 * wg, 64, j0, kN)) forward_detail::apply_mask_at(s, rule.window, diag, int(j0));
     forward_detail::exponentiate_scores<kLazy>(s, row_max, row_sum, kGeneral ? 1.f : rule.exp_scale, correction);
   }
 
@@ -290,23 +295,23 @@ struct Consumer {
     float correction[2];
 
     // First key block: S only.
-    RingSlot<C::kStages> slot = RingSlot<C::kStages>::of(ring);
-    mbarrier_wait(bars.k_full(slot.stage), slot.parity);
+    const RingSlot<C::kKStages> first = RingSlot<C::kKStages>::of(ring);
+    mbarrier_wait(bars.k_full(first.stage), first.parity);
     take_turn();
     wgmma_fence();
-    issue_scores(s, slot.stage);
+    issue_scores(s, first.stage);
     pass_turn();
     wgmma_wait<0>();
     fence_registers(flat<kN>(s));
-    release(bars.k_empty(slot.stage));
+    release(bars.k_empty(first.stage));
     softmax(s, blocks.end - 1, correction);
     to_operand(s, pa);
 
     // Then S of block n beside O += P V of block n + 1.
     int i = 0;
     for (int n = blocks.end - 2; n >= blocks.begin; --n, ++i) {
-      const RingSlot<C::kStages> k_slot = RingSlot<C::kStages>::of(ring + i + 1),
-                                 v_slot = RingSlot<C::kStages>::of(ring + i);
+      const RingSlot<C::kKStages> k_slot = RingSlot<C::kKStages>::of(ring + i + 1);
+      const RingSlot<C::kVStages> v_slot = RingSlot<C::kVStages>::of(ring + i);
       mbarrier_wait(bars.k_full(k_slot.stage), k_slot.parity);
       take_turn();
       wgmma_fence();
@@ -329,15 +334,15 @@ struct Consumer {
     if (C::kPersistent) release(bars.q_empty());
 
     // Last P V. The last consumer passes no turn: consumer 0 takes none after this.
-    slot = RingSlot<C::kStages>::of(ring + i);
-    mbarrier_wait(bars.v_full(slot.stage), slot.parity);
+    const RingSlot<C::kVStages> last = RingSlot<C::kVStages>::of(ring + i);
+    mbarrier_wait(bars.v_full(last.stage), last.parity);
     take_turn();
     wgmma_fence();
-    issue_output(pa, slot.stage);
+    issue_output(pa, last.stage);
     if (wg != C::kConsumers - 1) pass_turn();
     wgmma_wait<0>();
     fence_registers(flat<kD>(o));
-    release(bars.v_empty(slot.stage));
+    release(bars.v_empty(last.stage));
   }
 
   // O / l and lse; then O through this warpgroup's rows of the O tile (or of Q's, then released)
@@ -401,7 +406,11 @@ __device__ void consume_tile(const KernelParams& p, uint32_t smem, int wg, int i
   const KeyBlocks blocks = KeyBlocks::of(rule, t.seq, t.m0, C::kM, C::kN, p.num_splits, t.split);
   const bool had_keys = blocks.begin < blocks.end;
   const int row0 = t.m0 + 64 * wg + 16 * ((int(threadIdx.x) % 128) / 32);
-  Consumer<T, kD, kTall, kGeneral> consumer{p, rule, t.m0, smem, Barriers<C::kStages>{smem + C::kBarrierOffset}, wg, row0};
+  const Barriers<C::kKStages, C::kVStages> bars{smem + C::kBarrierOffset};
+  Consumer<T, kD, kTall, kGeneral> consumer{p, rule, t.m0, smem, bars, wg, row0};
+  const int lane_row = row0 + (int(threadIdx.x) % 32) / 4;
+  consumer.diag[0] = int(rule.window.diagonal(lane_row));
+  consumer.diag[1] = int(rule.window.diagonal(lane_row + 8));
   consumer.run(blocks, ring, q_loads & 1u);
   consumer.finish(order.tile(p, index, C::kM), had_keys);  // recomputed: t need not live through run()
   if (had_keys) {
@@ -420,7 +429,7 @@ __device__ void consume(const KernelParams& p, uint32_t smem, int wg) {
     consume_tile<T, kD, kTall, kGeneral>(p, smem, wg, int(blockIdx.x), ring, q_loads);
   } else {
     const int total = TileOrder::of(p, C::kM).total;
-    const Barriers<C::kStages> bars{smem + C::kBarrierOffset};
+    const Barriers<C::kKStages, C::kVStages> bars{smem + C::kBarrierOffset};
     const TileSlots slots{smem + C::kTileSlotOffset};
     for (int j = 0;; ++j) {
       mbarrier_wait(bars.tile_full(j % 2), (j / 2) & 1);
@@ -442,13 +451,15 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD, kTall>::kThreads, 1)
   const uint32_t smem = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
 
   if (threadIdx.x == 0) {
-    const Barriers<C::kStages> bars{smem + C::kBarrierOffset};
+    const Barriers<C::kKStages, C::kVStages> bars{smem + C::kBarrierOffset};
     mbarrier_init(bars.q_full(), 1);
     mbarrier_init(bars.q_empty(), 4 * C::kConsumers);
-    for (int s = 0; s < C::kStages; ++s) {
+    for (int s = 0; s < C::kKStages; ++s) {
       mbarrier_init(bars.k_full(s), 1);
-      mbarrier_init(bars.v_full(s), 1);
       mbarrier_init(bars.k_empty(s), 4 * C::kConsumers);
+    }
+    for (int s = 0; s < C::kVStages; ++s) {
+      mbarrier_init(bars.v_full(s), 1);
       mbarrier_init(bars.v_empty(s), 4 * C::kConsumers);
     }
     for (int slot = 0; slot < 2; ++slot) {

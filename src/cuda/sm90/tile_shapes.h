@@ -7,23 +7,26 @@
 namespace flashattn::cuda::sm90 {
 
 struct ForwardShape {
-  int block_m, block_n, stages;  // query rows per block (64 per consumer warpgroup), keys per step
-  bool pingpong;                 // consumer warpgroups take turns issuing their GEMMs
+  int block_m, block_n;     // query rows per block (64 per consumer warpgroup), keys per step
+  int k_stages, v_stages;   // K and V tiles in flight (V is held a step longer: P V of block n
+                            // is issued beside S of block n + 1)
+  bool pingpong;            // consumer warpgroups take turns issuing their GEMMs
 };
 
 // Consumer warpgroups of 64 query rows. Keys per step are bounded by registers (a consumer
 // thread holds d/2 output and block_n/2 score accumulators, plus block_n/4 words of P) and by
-// shared memory (Q plus two stages of K and V). Pingpong pays where the softmax is a large share
-// of a step's time, i.e. for head dims up to 128.
+// shared memory (Q, the K and V stages and, when persistent, the O tile: at d = 128 a third V
+// stage fills the 227 KB). Pingpong pays where the softmax is a large share of a step's time,
+// i.e. for head dims up to 128.
 //
 // `tall`: three consumers, 192-row tiles (d <= 64 only, forward_tall). Where a step's GEMMs take
 // about as long as its softmax, they give each consumer's softmax the time of two others' GEMMs;
 // their 160 registers hold O, S and P of 96 keys.
 constexpr ForwardShape forward_shape(int head_dim, bool tall) {
-  return tall                ? ForwardShape{192, 96, 2, true}
-         : head_dim <= 128   ? ForwardShape{128, 128, 2, true}
-         : head_dim <= 192   ? ForwardShape{128, 96, 2, false}
-                             : ForwardShape{128, 80, 2, false};
+  return tall                ? ForwardShape{192, 96, 2, 2, true}
+         : head_dim <= 128   ? ForwardShape{128, 128, 2, 3, true}
+         : head_dim <= 192   ? ForwardShape{128, 96, 2, 2, false}
+                             : ForwardShape{128, 80, 2, 2, false};
 }
 
 // Whether a forward of `seqlen_q` query rows (the longest, for varlen) takes tall tiles: at
@@ -61,7 +64,7 @@ constexpr bool forward_persistent(int head_dim) { return head_dim <= 128; }
 
 // mbarriers of the forward: Q full and empty, K and V full and empty per stage, two tile slots'
 // full and empty.
-constexpr int forward_barriers(int stages) { return 2 + 4 * stages + 4; }
+constexpr int forward_barriers(int k_stages, int v_stages) { return 2 + 2 * k_stages + 2 * v_stages + 4; }
 
 // Dynamic shared memory of the forward: Q, the K and V stages, the O tile (forward_persistent),
 // the mbarriers, the tile slots (16 bytes), and 1 KiB of slack to align the tiles to the
@@ -69,7 +72,8 @@ constexpr int forward_barriers(int stages) { return 2 + 4 * stages + 4; }
 constexpr int forward_smem_bytes(int head_dim, bool tall) {
   const ForwardShape s = forward_shape(head_dim, tall);
   const int output = forward_persistent(head_dim) ? 2 * head_dim * s.block_m : 0;
-  return 2 * head_dim * (s.block_m + 2 * s.stages * s.block_n) + output + 8 * forward_barriers(s.stages) + 16 + 1024;
+  return 2 * head_dim * (s.block_m + (s.k_stages + s.v_stages) * s.block_n) + output +
+         8 * forward_barriers(s.k_stages, s.v_stages) + 16 + 1024;
 }
 
 }  // namespace flashattn::cuda::sm90
@@ -79,16 +83,21 @@ namespace flashattn::cuda::sm90 {
 // The sm_90 backward: a block keeps dK and dV of block_n keys in its two consumer warpgroups'
 // registers and walks the query blocks of block_m rows that see them, Q and dO through a ring of
 // `stages`. Up to d = 128 each consumer owns 64 of 128 keys (d/2 + d/2 fp32 per thread); at
-// d = 256 (backward_wide_kernel.cuh) the consumers share 64 keys and split the head dim, and Q
-// and dO have one stage.
+// d = 64 a step takes 128 query rows (half the steps, each twice the work: S^T and dP^T are 64
+// fp32 per thread, which fit beside dK and dV at d = 64, but not with softcap's 64 derivative
+// factors too: `general` scores keep 64 rows); at d = 256
+// (backward_wide_kernel.cuh) the consumers share 64 keys and split the head dim, and Q and dO
+// have one stage.
 struct BackwardShape {
   int block_m, block_n, stages;
 };
 
 constexpr bool backward_supported(int head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
 constexpr bool backward_wide(int head_dim) { return head_dim > 128; }
-constexpr BackwardShape backward_shape(int head_dim) {
-  return backward_wide(head_dim) ? BackwardShape{64, 64, 1} : BackwardShape{64, 128, 2};
+constexpr BackwardShape backward_shape(int head_dim, bool general = false) {
+  return backward_wide(head_dim)        ? BackwardShape{64, 64, 1}
+         : head_dim <= 64 && !general  ? BackwardShape{128, 128, 2}
+                                 : BackwardShape{64, 128, 2};
 }
 
 // Deterministic mode orders the adds to each dQ tile by key block through one int per (query
@@ -99,15 +108,22 @@ constexpr int64_t backward_dq_turns(int64_t rows_q, int64_t batch, int64_t heads
   return 2 * heads_q * backward_dq_turn_stride(rows_q, batch);
 }
 
-// K, V, the Q and dO stages, two dS^T buffers (narrow) or the P^T and dS^T tiles (wide), a
-// block_m x (d/2 or d/4) fp32 dQ tile per consumer, lse and delta rows per stage, the mbarriers,
-// and 1 KiB of slack for the alignment of the tiles.
-constexpr int backward_smem_bytes(int head_dim) {
-  const BackwardShape s = backward_shape(head_dim);
+// The fp32 dQ tile a consumer hands over per step has 64 rows: with 64-row steps a consumer's
+// share is d/2 (narrow) or d/4 (wide) columns of all rows; with 128-row steps, every column of
+// its 64 rows.
+constexpr int backward_dq_cols(int head_dim, bool general = false) {
+  const BackwardShape s = backward_shape(head_dim, general);
+  return backward_wide(head_dim) ? head_dim / 4 : s.block_m == 128 ? head_dim : head_dim / 2;
+}
+
+// K, V, the Q and dO stages, two dS^T buffers (narrow) or the P^T and dS^T tiles (wide), a 64-row
+// fp32 dQ tile per consumer, lse and delta rows per stage, the mbarriers, and 1 KiB of slack for
+// the alignment of the tiles.
+constexpr int backward_smem_bytes(int head_dim, bool general = false) {
+  const BackwardShape s = backward_shape(head_dim, general);
   const int barriers = 1 + 2 * s.stages + 4;
-  const int dq_cols = backward_wide(head_dim) ? head_dim / 4 : head_dim / 2;
   return 2 * head_dim * (2 * s.block_n + 2 * s.stages * s.block_m) + 2 * 2 * s.block_n * s.block_m +
-         2 * 4 * dq_cols * s.block_m + 2 * 4 * s.block_m * s.stages + 8 * barriers + 1024;
+         2 * 4 * backward_dq_cols(head_dim, general) * 64 + 2 * 4 * s.block_m * s.stages + 8 * barriers + 1024;
 }
 
 }  // namespace flashattn::cuda::sm90
