@@ -71,8 +71,10 @@ struct BackwardConfig {
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
   static_assert(kSmemBytes == backward_smem_bytes(kD, kGeneral), "the host reads the same size");
   // Register budgets after reallocation: setmaxnreg moves registers inside the block's launch
-  // allocation (168 per thread at 384 threads), so the budgets must fit in it.
-  static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
+  // allocation (168 per thread at 384 threads), so the budgets must fit in it. The producer's
+  // walk and row copies fit in 40 without spills; general scores' consumers need 240 (and their
+  // producers then make do with 24).
+  static constexpr int kProducerRegisters = kGeneral ? 24 : 40, kConsumerRegisters = kGeneral ? 240 : 232;
   static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 384 * 168, "over the block's registers");
 };
 
@@ -91,13 +93,15 @@ struct BackwardBarriers {
 };
 
 // What a block does for key block n: which keys, and which (head, query block) steps see them.
-// The steps walk each head of the GQA group from its last query block that sees the keys down to
-// its first: under a causal mask every key block then starts at the same (last) query block, so
-// in deterministic mode the key blocks reach a dQ tile in the order in which they take turns.
+// The steps walk each head of the GQA group over the query blocks that see the keys: from the
+// last down by default, from the first up in deterministic mode. There the adds to a dQ tile take
+// turns from the last key block that sees it down to the first, so under a causal or sliding
+// mask key block n reaches the tile one step after key block n + 1 did: turns without waits.
 struct KeyBlockWork {
   int64_t j0;
   int keys_valid;
   int head_first, heads, m_begin, m_end;  // query blocks [m_begin, m_end) of heads [head_first, +heads)
+  int m_first, m_step;  // the walk: its first query block and +1 or -1
 
   template <int kM, int kN>
   __device__ static KeyBlockWork of(const KernelParams& p, const Sequence& seq, int hk, int n) {
@@ -110,13 +114,32 @@ struct KeyBlockWork {
     w.heads = p.group;
     w.m_begin = int(first_q / kM);
     w.m_end = first_q <= last_q ? int(last_q / kM) + 1 : w.m_begin;
+    w.m_first = p.deterministic ? w.m_begin : w.m_end - 1;
+    w.m_step = p.deterministic ? 1 : -1;
     return w;
   }
   __device__ int blocks() const { return max(0, m_end - m_begin); }
   __device__ int steps() const { return heads * blocks(); }
   __device__ int head(int step) const { return head_first + step / max(1, blocks()); }
-  __device__ int m_block(int step) const { return m_end - 1 - step % max(1, blocks()); }
+  __device__ int m_block(int step) const { return m_first + m_step * (step % max(1, blocks())); }
   __device__ bool sees(int m) const { return m >= m_begin && m < m_end; }
+};
+
+// The producer threads' walk over the steps of a KeyBlockWork, without divisions (they have few
+// registers): the step's head and query block, and the query blocks left in the head after it.
+struct StepCursor {
+  int h, m, left;
+  __device__ explicit StepCursor(const KeyBlockWork& w) : h(w.head_first), m(w.m_first), left(w.blocks() - 1) {}
+  __device__ void advance(const KeyBlockWork& w) {
+    if (left == 0) {
+      ++h;
+      m = w.m_first;
+      left = w.blocks() - 1;
+    } else {
+      m += w.m_step;
+      --left;
+    }
+  }
 };
 
 // Thread 0 of the producer: K and V of the key block, Q and dO of each step.
@@ -137,10 +160,11 @@ __device__ void produce_tiles(const BackwardArgs& args, const Sequence& seq, int
     tma_load_4d(smem + cb * C::KTile::kBlockBytes, args.k, bars.kv_full(), cb * 64, key_row, hk, batch);
     tma_load_4d(smem + C::kVOffset + cb * C::KTile::kBlockBytes, args.v, bars.kv_full(), cb * 64, key_row, hk, batch);
   }
+  StepCursor at(w);
 #pragma unroll 1
-  for (int s = 0; s < w.steps(); ++s) {
+  for (int s = 0; s < w.steps(); ++s, at.advance(w)) {
     const RingSlot<C::kStages> slot = RingSlot<C::kStages>::of(s);
-    const int h = w.head(s), row = int(seq.q_start) + w.m_block(s) * C::kM;
+    const int h = at.h, row = int(seq.q_start) + at.m * C::kM;
     mbarrier_wait(bars.empty(slot.stage), slot.parity ^ 1u);
     mbarrier_arrive_expect_tx(bars.full(slot.stage), 2 * C::QTile::kBytes);
     const uint32_t q_tile = smem + C::kQOffset + slot.stage * C::QTile::kBytes;
@@ -159,10 +183,11 @@ template <typename C>
 __device__ void produce_rows(const KernelParams& p, const Sequence& seq, const KeyBlockWork& w, uint32_t smem,
                              const BackwardBarriers<C::kStages>& bars) {
   const int lane = threadIdx.x % 32;
+  StepCursor at(w);
 #pragma unroll 1
-  for (int s = 0; s < w.steps(); ++s) {
+  for (int s = 0; s < w.steps(); ++s, at.advance(w)) {
     const RingSlot<C::kStages> slot = RingSlot<C::kStages>::of(s);
-    const int h = w.head(s), m0 = w.m_block(s) * C::kM;
+    const int h = at.h, m0 = at.m * C::kM;
     mbarrier_wait(bars.empty(slot.stage), slot.parity ^ 1u);
     float* rows = reinterpret_cast<float*>(__cvta_shared_to_generic(smem + C::kRowsOffset)) + slot.stage * 2 * C::kM;
     for (int r = lane; r < C::kM; r += 32) {
@@ -175,14 +200,16 @@ __device__ void produce_rows(const KernelParams& p, const Sequence& seq, const K
   }
 }
 
-// Deterministic mode: the adds to a dQ tile happen in key-block order. turn points at the tile's
-// int (zeroed before the launch), which holds the next key block allowed to add; the first key
-// block that sees the tile adds without waiting.
+// Deterministic mode: the adds to a dQ tile happen in descending key-block order. turn points at
+// the tile's int (zeroed before the launch), which holds 1 + the key block that added last; the
+// last key block that sees the tile adds without waiting, key block n once n + 1 has added. Key
+// blocks run in descending order too (the grid's first block is the last key block), so the
+// block waited for was scheduled before the waiting one: no deadlock however full the GPU is.
 __device__ __forceinline__ void wait_for_turn(const int* turn, int n) {
   int now;
   for (;;) {
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(now) : "l"(turn) : "memory");
-    if (now >= n) return;
+    if (now == n + 2) return;
     __nanosleep(64);
   }
 }
@@ -204,26 +231,25 @@ __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, i
   tma_prefetch_map(args.dq_accum);
   const uint32_t tile = smem + C::kDqOffset + wg * C::DqTile::kBytes;
   constexpr int kRoundCols = C::kDqCols / C::kDqRounds;  // dQ columns of one handed-over tile
-  // Only what the loop reads stays live (this thread has 24 registers): the walk as plain ints,
-  // and the query blocks [before_begin, before_end) that key block n - 1 sees: the key blocks that
-  // see a tile are contiguous, so these are the tiles for which n is not the first.
-  const int steps = w.steps(), blocks = max(1, w.blocks()), m_last = w.m_end - 1, head_first = w.head_first;
-  int before_begin = 0, before_end = 0;
-  if (p.deterministic && n > 0) {
-    const KeyBlockWork before = KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n - 1);
-    before_begin = before.m_begin;
-    before_end = before.m_end;
+  // The query blocks [after_begin, after_end) that key block n + 1 sees: the key blocks that see a
+  // tile are contiguous, so these are the tiles to which n does not add first.
+  int after_begin = 0, after_end = 0;
+  if (p.deterministic && int64_t(n + 1) * C::kN < seq.seqlen_k) {
+    const KeyBlockWork after = KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n + 1);
+    after_begin = after.m_begin;
+    after_end = after.m_end;
   }
   const int row0 = int(seq.packed_q);
   int* const turns = p.dq_turns + 2 * (seq.packed_q / C::kM + b) + wg;
+  StepCursor at(w);
 #pragma unroll 1
-  for (int s = 0; s < steps; ++s) {
-    const int h = head_first + s / blocks, m = m_last - s % blocks;
+  for (int s = 0; s < w.steps(); ++s, at.advance(w)) {
+    const int h = at.h, m = at.m;
     int* turn = turns + 2 * (h * backward_dq_turn_stride(p.rows_q, p.batch) + m);
 #pragma unroll 1
     for (int r = 0; r < C::kDqRounds; ++r) {
       mbarrier_wait(bars.dq_full(wg), uint32_t(s * C::kDqRounds + r) & 1u);
-      if (r == 0 && m >= before_begin && m < before_end) wait_for_turn(turn, n);
+      if (r == 0 && m >= after_begin && m < after_end) wait_for_turn(turn, n);
 #pragma unroll
       for (int box = 0; box < kRoundCols / 32; ++box)
         tma_reduce_add_3d(args.dq_accum, tile + box * C::DqTile::kBlockBytes, C::dq_col(wg) + r * kRoundCols + 32 * box,
@@ -349,7 +375,9 @@ __device__ __forceinline__ void run_backward_block(const BackwardArgs& args) {
   const uint32_t smem = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
   const int hk = blockIdx.y, b = blockIdx.z;
   const Sequence seq = Sequence::of(p, b);
-  const int n = blockIdx.x;  // the key block; the grid has one per key block of the longest sequence
+  // The key block; the grid has one per key block of the longest sequence, in descending order
+  // in deterministic mode (wait_for_turn).
+  const int n = p.deterministic ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
   if (n * C::kN >= seq.seqlen_k) return;
   const KeyBlockWork w = KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n);
 

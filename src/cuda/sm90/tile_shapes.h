@@ -97,7 +97,7 @@ constexpr bool backward_wide(int head_dim) { return head_dim > 128; }
 constexpr BackwardShape backward_shape(int head_dim, bool general = false) {
   return backward_wide(head_dim)        ? BackwardShape{64, 64, 1}
          : head_dim <= 64 && !general  ? BackwardShape{128, 128, 2}
-                                 : BackwardShape{64, 128, 2};
+                                       : BackwardShape{64, 128, 2};
 }
 
 // Deterministic mode orders the adds to each dQ tile by key block through one int per (query
