@@ -81,6 +81,11 @@ struct BackwardConfig {
 // Named barriers 1 + 2 b + w: consumer w's dS^T of a step in buffer b is written (w arrives, the
 // other consumer waits for it a step later).
 constexpr int kDsWrittenBarrier = 1;
+// Named barriers 5 + w: consumer w's turn to issue its next batch of wgmma (pingpong): each step
+// has two, S^T and dP^T, then dV, dK and the previous step's dQ. Taking turns queues one
+// consumer's batch behind the other's, so that each one's element-wise pass runs while the other's
+// products keep the tensor cores busy, instead of both passes at once.
+constexpr int kTurnBarrier = 5;
 
 template <int kStages>
 struct BackwardBarriers {
@@ -438,8 +443,10 @@ struct BackwardConsumer {
 #pragma unroll
       for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
     if (w.steps() > 0) {
+      if (wg == 1) named_barrier_arrive(kTurnBarrier, 256);  // consumer 0 goes first
       mbarrier_wait(bars.kv_full(), 0);
       for (int s = 0; s < w.steps(); ++s) step(w, s);
+      if (wg == 0) take_turn();  // the last turn consumer 1 passed, so that no barrier is left half-done
       last_dq(w.steps() - 1);
     }
     store_dk_dv(w);
@@ -455,6 +462,7 @@ struct BackwardConsumer {
 
     // S^T = K Q^T and dP^T = V dO^T for this warpgroup's keys; P^T while dP^T is computed.
     float st[kM / 8][4], dpt[kM / 8][4];
+    take_turn();
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk)
@@ -466,6 +474,7 @@ struct BackwardConsumer {
       WgmmaOp<T, kM>::template ss<0, 0>(flat<kM>(dpt), k_major_descriptor<KTile>(v_tile(), 64 * wg, kk),
                                         k_major_descriptor<QTile>(do_tile(slot.stage), 0, kk), kk > 0);
     wgmma_commit();
+    pass_turn();
     wgmma_wait<1>();
     fence_registers(flat<kM>(st));
     const ScoreRule rule = ScoreRule::make(p, seq, b, h);
@@ -485,6 +494,7 @@ struct BackwardConsumer {
       accumulators_to_a<T>(st[2 * kk], st[2 * kk + 1], pa[kk]);
       accumulators_to_a<T>(dpt[2 * kk], dpt[2 * kk + 1], da[kk]);
     }
+    take_turn();
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kM / 16; ++kk)
@@ -502,16 +512,21 @@ struct BackwardConsumer {
     if (s > 0) {
       float dq[C::kDqCols / 8][4];
       issue_dq(dq, s - 1);
+      pass_turn();
       finish_step(slot.stage);
       fence_registers(flat<C::kDqCols>(dq));
       hand_over_dq(dq, s - 1);
     } else {
+      pass_turn();
       finish_step(slot.stage);
     }
     store_ds(da, ds_tile(s % 2));
     fence_async_shared();
     named_barrier_arrive(kDsWrittenBarrier + 2 * (s % 2) + wg, 256);
   }
+
+  __device__ void take_turn() const { named_barrier_sync(kTurnBarrier + wg, 256); }
+  __device__ void pass_turn() const { named_barrier_arrive(kTurnBarrier + 1 - wg, 256); }
 
   // This warpgroup's dQ of step s over all keys (columns [wg d/2, (wg + 1) d/2) of 64 rows, or
   // rows [64 wg, 64 wg + 64) of 128), once the other consumer's dS^T of step s is written.
