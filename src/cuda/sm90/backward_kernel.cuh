@@ -127,7 +127,6 @@ struct KeyBlockWork {
   __device__ int steps() const { return heads * blocks(); }
   __device__ int head(int step) const { return head_first + step / max(1, blocks()); }
   __device__ int m_block(int step) const { return m_first + m_step * (step % max(1, blocks())); }
-  __device__ bool sees(int m) const { return m >= m_begin && m < m_end; }
 };
 
 // The producer threads' walk over the steps of a KeyBlockWork, without divisions (they have few
