@@ -1,6 +1,6 @@
 // The tile order of the persistent sm90 forward (cuda/sm90/tile_shapes.h): every tile exactly
-// once, head-major, a head's query tiles last-first, splits innermost; and its choice of tile
-// shape.
+// once, head-major, a head's query tiles last-first, splits innermost; its choice of tile shape;
+// and the shared memory of the sm90 kernels' shapes.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -10,8 +10,13 @@
 
 namespace {
 
+using flashattn::cuda::sm90::backward_dq_cols;
+using flashattn::cuda::sm90::backward_shape;
+using flashattn::cuda::sm90::backward_smem_bytes;
 using flashattn::cuda::sm90::forward_shape;
+using flashattn::cuda::sm90::forward_smem_bytes;
 using flashattn::cuda::sm90::forward_tall;
+using flashattn::cuda::sm90::forward_tall_possible;
 using flashattn::cuda::sm90::forward_tile_at;
 
 TEST(ForwardTileOrder, VisitsEveryTileOnceHeadMajorLongestFirst) {
@@ -51,6 +56,27 @@ TEST(ForwardTileShape, TallTilesWhereTheyWasteNoRows) {
     EXPECT_FALSE(forward_tall(128, n)) << "N = " << n;
     EXPECT_FALSE(forward_tall(256, n)) << "N = " << n;
   }
+}
+
+// Every sm90 kernel fits the 232448 bytes of shared memory a Hopper block may have; the d = 64
+// backward takes 128-row steps except with general scores, and its dQ tiles stay 64 rows x (all
+// or half the) columns, within the 32-column boxes of the accumulator map.
+TEST(TileShape, Sm90KernelsFitSharedMemory) {
+  constexpr int kHopperSmem = 232448;
+  for (int d : {64, 128, 256}) {
+    for (bool tall : {false, true})
+      if (!tall || forward_tall_possible(d)) EXPECT_LE(forward_smem_bytes(d, tall), kHopperSmem) << "d = " << d;
+    for (bool general : {false, true}) {
+      EXPECT_LE(backward_smem_bytes(d, general), kHopperSmem) << "d = " << d << ", general " << general;
+      EXPECT_EQ(backward_dq_cols(d, general) % 32, 0) << "d = " << d;
+    }
+  }
+  EXPECT_EQ(backward_shape(64).block_m, 128);
+  EXPECT_EQ(backward_shape(64, true).block_m, 64);
+  EXPECT_EQ(backward_dq_cols(64), 64);
+  EXPECT_EQ(backward_dq_cols(64, true), 32);
+  EXPECT_EQ(backward_shape(128).block_m, 64);
+  EXPECT_EQ(backward_dq_cols(128), 64);
 }
 
 }  // namespace
