@@ -14,9 +14,10 @@
 // and stores its dQ tile in shared memory as swizzled 32-column boxes, which its producer thread
 // adds to dq_accum (no atomics in the consumers). Warpgroup w computes dQ over all 128 keys for
 // columns [w d/2, (w + 1) d/2) of a 64-row step, or rows [64 w, 64 w + 64) of a 128-row step, so
-// the two consumers' tiles never overlap. Deterministic mode: the adds to each dQ tile take turns
-// in key-block order (an int per tile and consumer in global memory), so every address sees its
-// adds in a fixed order.
+// the two consumers' tiles never overlap. The consumers take turns issuing their products
+// (pingpong), so one's element-wise pass runs under the other's. Deterministic mode: the adds to
+// each dQ tile take turns in descending key-block order (an int per tile and consumer in global
+// memory), so every address sees its adds in a fixed order.
 #pragma once
 
 #include <cuda.h>
@@ -442,7 +443,9 @@ struct BackwardConsumer {
 #pragma unroll
       for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
     if (w.steps() > 0) {
-      if (wg == 1) named_barrier_arrive(kTurnBarrier, 256);  // consumer 0 goes first
+      // Consumer 0 goes first (pass_turn with the barrier id as an immediate: through pass_turn
+      // the id is computed at run time and the kernel spills 8 bytes).
+      if (wg == 1) named_barrier_arrive(kTurnBarrier, 256);
       mbarrier_wait(bars.kv_full(), 0);
       for (int s = 0; s < w.steps(); ++s) step(w, s);
       if (wg == 0) take_turn();  // the last turn consumer 1 passed, so that no barrier is left half-done
