@@ -146,6 +146,14 @@ std::vector<NamedCase> feature_sweep(flashattn_dtype t, const std::vector<int>& 
   s.push_back({"bshd_padded", bshd_padded});
   // Head dims.
   for (int dim : head_dims) s.push_back({"head_dim_" + std::to_string(dim), causal(dense(t, dim, 1, 2, 1, 65, 95))});
+  // The score transforms at every head dim, without dropout: kernels that keep softcap's
+  // derivative or ALiBi's bias in registers differ with the head dim.
+  for (int dim : head_dims) {
+    Case transformed = with_window(dense(t, dim, 1, 4, 2, 150, 170), 90, 20);
+    transformed.softcap = 10.f;
+    transformed.alibi = Alibi::per_head;
+    s.push_back({"softcap_alibi_head_dim_" + std::to_string(dim), transformed});
+  }
   Case narrow_values = dense(t, 48, 1, 2, 2, 70, 60);
   narrow_values.head_dim_v = 24;
   s.push_back({"value_dim_smaller", narrow_values});
