@@ -73,9 +73,8 @@ struct BackwardConfig {
   static_assert(kSmemBytes == backward_smem_bytes(kD, kGeneral), "the host reads the same size");
   // Register budgets after reallocation: setmaxnreg moves registers inside the block's launch
   // allocation (168 per thread at 384 threads), so the budgets must fit in it. The producer's
-  // walk and row copies fit in 40 without spills; general scores' consumers need 240 (and their
-  // producers then make do with 24).
-  static constexpr int kProducerRegisters = kGeneral ? 24 : 40, kConsumerRegisters = kGeneral ? 240 : 232;
+  // walk and row copies fit in 40 without spills, the consumers' products and softmax in 232.
+  static constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
   static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 384 * 168, "over the block's registers");
 };
 
@@ -279,22 +278,15 @@ __device__ __forceinline__ bool visible(const semantics::Window& w, int i, int j
 
 // S^T -> P^T = exp2(S^T - lse) in place for a consumer's part of the kM x kN tile of step rows m0
 // and keys j0: element [jt][e] is query query(jt, e) of the step and key key(e). Masked entries
-// (and rows past the sequence, whose lse is +inf) become 0. Returns softcap's derivative factor
-// through `cap_grad` where it applies.
+// (and rows past the sequence, whose lse is +inf) become 0.
 template <bool kGeneral, int kM, int kN, int kTiles, typename QueryOf, typename KeyOf>
-__device__ __forceinline__ void to_probabilities(float (&st)[kTiles][4], float (&cap_grad)[kTiles][4],
-                                                 const float* lse2, const ScoreRule& rule, int m0, int64_t j0,
-                                                 QueryOf query, KeyOf key) {
+__device__ __forceinline__ void to_probabilities(float (&st)[kTiles][4], const float* lse2, const ScoreRule& rule,
+                                                 int m0, int64_t j0, QueryOf query, KeyOf key) {
   if (kGeneral) {
 #pragma unroll
     for (int jt = 0; jt < kTiles; ++jt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float& s = st[jt][e];
-        const float th = rule.softcap > 0.f ? tanhf(rule.scale * s / rule.softcap) : 0.f;
-        cap_grad[jt][e] = 1.f - th * th;
-        s = rule.transform(s, m0 + query(jt, e), key(e));
-      }
+      for (int e = 0; e < 4; ++e) st[jt][e] = rule.transform(st[jt][e], m0 + query(jt, e), key(e));
   }
   if (!rule.block_unmasked(m0, kM, j0, kN)) {
 #pragma unroll
@@ -310,17 +302,32 @@ __device__ __forceinline__ void to_probabilities(float (&st)[kTiles][4], float (
     for (int e = 0; e < 4; ++e) st[jt][e] = fast_exp2(fmaf(st[jt][e], exp_scale, -lse2[query(jt, e)]));
 }
 
+// Softcap's derivative 1 - (capped / cap)^2 at a probability p = exp2(log2(e) (capped + bias) -
+// lse2), with the capped score recovered from p instead of kept in registers from the forward
+// transform (which would take kTiles x 4 more of them). p = 0 (masked, or below fp32) recovers
+// -inf, clamped to a factor of 0: its dS is 0 anyway.
+__device__ __forceinline__ float softcap_grad_at(float p, float lse2, float bias, float cap) {
+  const float capped = fmaf(fast_log2(p) + lse2, kLn2, -bias);
+  const float r = fminf(fmaxf(capped / cap, -1.f), 1.f);
+  return 1.f - r * r;
+}
+
 // dP^T -> dS^T = P^T (dP^T - delta) (times softcap's derivative) in place.
-template <bool kGeneral, int kTiles, typename QueryOf>
+template <bool kGeneral, int kTiles, typename QueryOf, typename KeyOf>
 __device__ __forceinline__ void to_score_gradients(const float (&pt)[kTiles][4], float (&dpt)[kTiles][4],
-                                                   const float (&cap_grad)[kTiles][4], const float* delta,
-                                                   QueryOf query) {
+                                                   const float* lse2, const float* delta, const ScoreRule& rule,
+                                                   int m0, QueryOf query, KeyOf key) {
 #pragma unroll
   for (int jt = 0; jt < kTiles; ++jt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const float ds = pt[jt][e] * (dpt[jt][e] - delta[query(jt, e)]);
-      dpt[jt][e] = kGeneral ? ds * cap_grad[jt][e] : ds;
+      dpt[jt][e] = ds;
+      if (kGeneral && rule.softcap > 0.f) {
+        const int64_t diagonal = rule.window.unfolded_diagonal(m0 + query(jt, e));
+        const float bias = semantics::alibi_bias_at<float>(rule.alibi_slope, diagonal, key(e));
+        dpt[jt][e] = ds * softcap_grad_at(pt[jt][e], lse2[query(jt, e)], bias, rule.softcap);
+      }
     }
 }
 
@@ -480,14 +487,13 @@ struct BackwardConsumer {
     wgmma_wait<1>();
     fence_registers(flat<kM>(st));
     const ScoreRule rule = ScoreRule::make(p, seq, b, h);
-    float cap_grad[kM / 8][4];
     const int lane = threadIdx.x % 32, key0 = int(w.j0) + 64 * wg + 16 * ((threadIdx.x % 128) / 32) + lane / 4;
     auto query = [&](int jt, int e) { return 8 * jt + 2 * (lane % 4) + e % 2; };  // local query of [jt][e]
     auto key = [&](int e) { return key0 + 8 * (e / 2); };                        // key of [jt][e]
-    to_probabilities<kGeneral, kM, kN>(st, cap_grad, rows(slot.stage), rule, m0, w.j0, query, key);
+    to_probabilities<kGeneral, kM, kN>(st, rows(slot.stage), rule, m0, w.j0, query, key);
     wgmma_wait<0>();
     fence_registers(flat<kM>(dpt));
-    to_score_gradients<kGeneral>(st, dpt, cap_grad, rows(slot.stage) + kM, query);
+    to_score_gradients<kGeneral>(st, dpt, rows(slot.stage), rows(slot.stage) + kM, rule, m0, query, key);
 
     // dV += P^T dO and dK += dS^T Q, the A operands straight from the accumulators.
     uint32_t pa[kM / 16][4], da[kM / 16][4];

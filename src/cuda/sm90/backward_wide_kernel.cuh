@@ -113,13 +113,12 @@ struct WideBackwardConsumer {
     wgmma_wait<1>();
     fence_registers(flat<kQueries>(st));
     const ScoreRule rule = ScoreRule::make(p, seq, b, h);
-    float cap_grad[kQueries / 8][4];
     auto query = [this](int jt, int e) { return query_of(jt, e); };
     auto key = [this, j0 = int(w.j0)](int e) { return j0 + key_of(e); };
-    to_probabilities<kGeneral, kM, kN>(st, cap_grad, rows(), rule, m0, w.j0, query, key);
+    to_probabilities<kGeneral, kM, kN>(st, rows(), rule, m0, w.j0, query, key);
     wgmma_wait<0>();
     fence_registers(flat<kQueries>(dpt));
-    to_score_gradients<kGeneral>(st, dpt, cap_grad, rows() + kM, query);
+    to_score_gradients<kGeneral>(st, dpt, rows(), rows() + kM, rule, m0, query, key);
 
     // Both halves of P^T and dS^T into shared memory, once both consumers are done with the last.
     named_barrier_sync(kWideTilesFree, 256);

@@ -84,8 +84,8 @@ namespace flashattn::cuda::sm90 {
 // registers and walks the query blocks of block_m rows that see them, Q and dO through a ring of
 // `stages`. Up to d = 128 each consumer owns 64 of 128 keys (d/2 + d/2 fp32 per thread); at
 // d = 64 a step takes 128 query rows (half the steps, each twice the work: S^T and dP^T are 64
-// fp32 per thread, which fit beside dK and dV at d = 64, but not with softcap's 64 derivative
-// factors too: `general` scores keep 64 rows); at d = 256 (backward_wide_kernel.cuh) the
+// fp32 per thread, which fit beside dK and dV at d = 64, but not beside the score transform's
+// temporaries too: `general` scores keep 64 rows); at d = 256 (backward_wide_kernel.cuh) the
 // consumers share 64 keys and split the head dim, and Q and dO have one stage.
 struct BackwardShape {
   int block_m, block_n, stages;
