@@ -165,7 +165,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--library", required=True, help="path to libflashattn.so built with CUDA")
     ap.add_argument("--quick", action="store_true", help="N in {1k, 4k, 16k} only")
+    ap.add_argument("--seqlens", help="comma-separated N instead of the default (or --quick) list")
     ap.add_argument("--forward-only", action="store_true", help="skip the backward measurements")
+    ap.add_argument("--no-sm80", action="store_true", help="skip the mma.sync kernels' measurements")
     ap.add_argument("--head-dims", default="64,128,256", help="comma-separated head dims (default 64,128,256)")
     ap.add_argument("--long", action="store_true",
                     help="long-context rows instead: B=1, H=16, d=128, causal, N = 64k, 128k, 256k")
@@ -177,6 +179,8 @@ def main():
     dev = torch.device("cuda")
     torch.manual_seed(0)
     lengths = [1024, 4096, 16384] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
+    if args.seqlens:
+        lengths = [int(n) for n in args.seqlens.split(",")]
     shapes = [(16384 // n, 2048 // d, n, d, causal) for d in map(int, args.head_dims.split(",")) for n in lengths for causal in (False, True)]
     if args.long:
         shapes = [(1, 16, n, 128, True) for n in (65536, 131072, 262144)]
@@ -190,9 +194,9 @@ def main():
         ours_fwd()
         ms = {"ours": (median_ms(ours_fwd),)}
         # The mma.sync (sm80) kernels too, where the sm_90a ones serve by default (not for the
-        # long rows, where they would take most of the run).
+        # long rows, where they would take most of the run, nor with --no-sm80).
         ms["sm80"] = (None, None)
-        if not args.long:
+        if not args.long and not args.no_sm80:
             os.environ["FLASHATTN_CUDA_KERNELS"] = "sm80"
             ms["sm80"] = (median_ms(fa.forward_call(q, k, v, out, lse, causal)), None)
             if not args.forward_only:
