@@ -23,69 +23,83 @@ __device__ __forceinline__ bool locate_row(const KernelParams& p, int64_t row, i
   return true;
 }
 
-// One warp per (head, packed row).
+// A group of lanes per (head, packed row), a lane per 8 columns: the group spans the padded head
+// dim rounded up to a power of two (8, 16 or 32 lanes), so every load is 16 bytes and a warp
+// carries several rows at small head dims. Each lane also zeroes its 8 columns of dq_accum in
+// every copy, in the same pass as the reads (a separate memset costs as much again).
+__host__ __device__ constexpr int prepare_group_lanes(int padded_d) {
+  return padded_d <= 64 ? 8 : padded_d <= 128 ? 16 : 32;
+}
+
 template <typename T>
-__global__ void __launch_bounds__(kThreads) prepare_kernel(const __grid_constant__ KernelParams p) {
+__global__ void __launch_bounds__(kThreads) prepare_kernel(const __grid_constant__ KernelParams p, int padded_d) {
   using Elem = typename T::storage;
-  const int64_t item = (int64_t(blockIdx.x) * kThreads + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (item >= int64_t(p.heads_q) * p.rows_q) return;
+  const int lanes = prepare_group_lanes(padded_d);
+  const int64_t thread = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t item = thread / lanes;  // (head, packed row)
+  const int col = int(thread % lanes) * 8;
+  if (item >= int64_t(p.heads_q) * p.rows_q) return;  // whole groups leave together
   const int h = int(item / p.rows_q);
   const int64_t row = item % p.rows_q;
+  if (col < padded_d) {
+    const int64_t copy_stride = p.rows_q * p.heads_q * padded_d;
+    float4* accum = reinterpret_cast<float4*>(p.dq_accum + (row * p.heads_q + h) * padded_d + col);
+    for (int c = 0; c < p.dq_copies; ++c, accum += copy_stride / 4) {
+      accum[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+      accum[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
   int b;
   int64_t i;
   const bool used = locate_row(p, row, &b, &i);
   float dot = 0.f;
-  if (used) {
-    const Elem* dout = operand_row<const Elem>(p.dout, b, i, h);
-    const Elem* out = operand_row<const Elem>(p.out, b, i, h);
-    for (int col = lane * 8; col < p.head_dim; col += 32 * 8) {
-      const uint4 a = *reinterpret_cast<const uint4*>(dout + col);
-      const uint4 c = *reinterpret_cast<const uint4*>(out + col);
-      const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, cw[4] = {c.x, c.y, c.z, c.w};
+  if (used && col < p.head_dim) {
+    const uint4 a = *reinterpret_cast<const uint4*>(operand_row<const Elem>(p.dout, b, i, h) + col);
+    const uint4 c = *reinterpret_cast<const uint4*>(operand_row<const Elem>(p.out, b, i, h) + col);
+    const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, cw[4] = {c.x, c.y, c.z, c.w};
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const float2 x = unpack2<T>(aw[w]), y = unpack2<T>(cw[w]);
-        dot += x.x * y.x + x.y * y.y;
-      }
+    for (int w = 0; w < 4; ++w) {
+      const float2 x = unpack2<T>(aw[w]), y = unpack2<T>(cw[w]);
+      dot += x.x * y.x + x.y * y.y;
     }
   }
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-  if (lane == 0) {
+  // The group's lanes are aligned within the warp, so xor offsets below `lanes` stay inside it;
+  // the mask names the group alone (the groups past the last item have returned).
+  const int lane = int(threadIdx.x % 32);
+  const unsigned group = lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1u) << (lane / lanes * lanes);
+  for (int off = lanes / 2; off > 0; off /= 2) dot += __shfl_xor_sync(group, dot, off);
+  if (col == 0) {
     p.delta[item] = dot;
     const float lse = used ? p.lse[int64_t(b) * p.lse_batch + int64_t(h) * p.lse_head + i] : -INFINITY;
     p.lse_log2[item] = lse == -INFINITY ? INFINITY : lse * kLog2e;
   }
 }
 
-// One thread per 4 columns of dq.
+// One thread per 8 columns of dq.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) finish_kernel(const __grid_constant__ KernelParams p, int padded_d) {
   using Elem = typename T::storage;
-  const int chunks = padded_d / 4;
+  const int chunks = padded_d / 8;
   const int64_t item = int64_t(blockIdx.x) * kThreads + threadIdx.x;  // (packed row, head, chunk)
   if (item >= p.rows_q * p.heads_q * chunks) return;
-  const int col = int(item % chunks) * 4;
+  const int col = int(item % chunks) * 8;
   const int h = int(item / chunks % p.heads_q);
   const int64_t row = item / chunks / p.heads_q;
   int b;
   int64_t i;
   if (col >= p.head_dim || !locate_row(p, row, &b, &i)) return;
   const int64_t copy_stride = p.rows_q * p.heads_q * padded_d;
-  const float* src = p.dq_accum + (row * p.heads_q + h) * padded_d + col;
-  float4 sum = *reinterpret_cast<const float4*>(src);
+  const float4* src = reinterpret_cast<const float4*>(p.dq_accum + (row * p.heads_q + h) * padded_d + col);
+  float4 lo = src[0], hi = src[1];
   for (int c = 1; c < p.dq_copies; ++c) {
-    const float4 v = *reinterpret_cast<const float4*>(src + c * copy_stride);
-    sum.x += v.x;
-    sum.y += v.y;
-    sum.z += v.z;
-    sum.w += v.w;
+    src += copy_stride / 4;
+    const float4 a = src[0], e = src[1];
+    lo = make_float4(lo.x + a.x, lo.y + a.y, lo.z + a.z, lo.w + a.w);
+    hi = make_float4(hi.x + e.x, hi.y + e.y, hi.z + e.z, hi.w + e.w);
   }
-  uint2 packed;
-  packed.x = pack2<T>(sum.x * p.scale, sum.y * p.scale);
-  packed.y = pack2<T>(sum.z * p.scale, sum.w * p.scale);
-  *reinterpret_cast<uint2*>(operand_row<Elem>(p.dq, b, i, h) + col) = packed;
+  const uint4 packed = make_uint4(pack2<T>(lo.x * p.scale, lo.y * p.scale), pack2<T>(lo.z * p.scale, lo.w * p.scale),
+                                  pack2<T>(hi.x * p.scale, hi.y * p.scale), pack2<T>(hi.z * p.scale, hi.w * p.scale));
+  *reinterpret_cast<uint4*>(operand_row<Elem>(p.dq, b, i, h) + col) = packed;
 }
 
 unsigned blocks_for(int64_t threads) { return unsigned((threads + kThreads - 1) / kThreads); }
@@ -94,17 +108,15 @@ unsigned blocks_for(int64_t threads) { return unsigned((threads + kThreads - 1) 
 
 template <typename T>
 Status launch_backward_prepare(const KernelParams& p, int padded_head_dim, cudaStream_t stream) {
-  const size_t accum_bytes = size_t(p.dq_copies) * size_t(p.rows_q) * p.heads_q * padded_head_dim * sizeof(float);
-  FA_TRY(device_status(cudaMemsetAsync(p.dq_accum, 0, accum_bytes, stream), "cudaMemsetAsync(dq_accum)"));
-  const int64_t warps = int64_t(p.heads_q) * p.rows_q;
-  if (warps == 0) return Status::ok();
-  prepare_kernel<T><<<blocks_for(warps * 32), kThreads, 0, stream>>>(p);
+  const int64_t items = int64_t(p.heads_q) * p.rows_q;
+  if (items == 0) return Status::ok();
+  prepare_kernel<T><<<blocks_for(items * prepare_group_lanes(padded_head_dim)), kThreads, 0, stream>>>(p, padded_head_dim);
   return device_status(cudaGetLastError(), "backward prepare_kernel launch");
 }
 
 template <typename T>
 Status launch_backward_finish(const KernelParams& p, int padded_head_dim, cudaStream_t stream) {
-  const int64_t threads = p.rows_q * p.heads_q * (padded_head_dim / 4);
+  const int64_t threads = p.rows_q * p.heads_q * (padded_head_dim / 8);
   if (threads == 0) return Status::ok();
   finish_kernel<T><<<blocks_for(threads), kThreads, 0, stream>>>(p, padded_head_dim);
   return device_status(cudaGetLastError(), "backward finish_kernel launch");
