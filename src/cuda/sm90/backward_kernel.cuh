@@ -222,6 +222,27 @@ __device__ __forceinline__ void pass_turn(int* turn, int next) {
   asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(turn), "r"(next) : "memory");
 }
 
+// Deterministic mode orders each dQ tile's adds by key block, descending, and launches blocks in
+// that order. Where a head has few key blocks, or (no mask) every key block walks every query
+// tile, it launches every kv head's key block n + 1 before any head's key block n, so that a
+// block rarely waits for its predecessor's turn (that one ran in an earlier wave); otherwise a
+// head's key blocks stay together, as all heads' Q, dO and dQ would not fit in L2 at once.
+template <int kN>
+__host__ __device__ inline bool backward_interleaves_heads(const KernelParams& p) {
+  const int64_t n_blocks = (int64_t(p.seqlen_k) + kN - 1) / kN;
+  const bool unmasked = p.window_left < 0 && p.window_right < 0;
+  return p.deterministic && n_blocks <= (unmasked ? 64 : 16);
+}
+
+// The grid of the backward: key blocks x kv heads x batch, or kv heads x key blocks x batch
+// (backward_interleaves_heads).
+template <int kN>
+inline dim3 backward_grid(const KernelParams& p) {
+  const unsigned n_blocks = unsigned((int64_t(p.seqlen_k) + kN - 1) / kN);
+  return backward_interleaves_heads<kN>(p) ? dim3(unsigned(p.heads_kv), n_blocks, unsigned(p.batch))
+                                           : dim3(n_blocks, unsigned(p.heads_kv), unsigned(p.batch));
+}
+
 // Lane 0 of warp 2 + wg of the producer: adds consumer wg's dQ tile of each step to dq_accum by
 // TMA reduce-add and hands the tile back once TMA has read it. Rows past the sequence carry
 // dS = 0, so their adds (into the next sequence's rows, or dropped past the tensor) add zeros.
@@ -385,11 +406,14 @@ __device__ __forceinline__ void run_backward_block(const BackwardArgs& args) {
   const KernelParams& p = args.p;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t smem = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
-  const int hk = blockIdx.y, b = blockIdx.z;
+  // A block per key block of the longest sequence, kv head and batch (backward_grid); in
+  // deterministic mode key blocks run in descending order (wait_for_turn).
+  const int b = blockIdx.z;
+  const bool interleaved = backward_interleaves_heads<C::kN>(p);
+  const int hk = interleaved ? int(blockIdx.x) : int(blockIdx.y);
+  const int n = interleaved ? int(gridDim.y - 1 - blockIdx.y)
+                : p.deterministic ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
   const Sequence seq = Sequence::of(p, b);
-  // The key block; the grid has one per key block of the longest sequence, in descending order
-  // in deterministic mode (wait_for_turn).
-  const int n = p.deterministic ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
   if (n * C::kN >= seq.seqlen_k) return;
   const KeyBlockWork w = KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n);
 

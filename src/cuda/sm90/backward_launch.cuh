@@ -35,9 +35,7 @@ Status launch_backward_main(const KernelParams& p, cudaStream_t stream) {
   const auto kernel = backward_kernel_for<T, kD, kGeneral>();
   FA_TRY(device_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes),
                        "cudaFuncSetAttribute(sm90 backward_kernel)"));
-  const int n_blocks = (p.seqlen_k + C::kN - 1) / C::kN;
-  const dim3 grid(unsigned(n_blocks), unsigned(p.heads_kv), unsigned(p.batch));
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(args);
+  kernel<<<backward_grid<C::kN>(p), C::kThreads, C::kSmemBytes, stream>>>(args);
   return device_status(cudaGetLastError(), "sm90 backward_kernel launch");
 }
 
