@@ -140,10 +140,11 @@ TEST_F(CudaAttentionRuns, BackwardFitsAHundredKilobytesUpToHeadDim128) {
   }
 }
 
-// The deterministic backward gives the same bits run after run, and a correct result: at both
-// head dims of the sm_90a backward (each consumer's dQ columns: 32 at d = 64, 64 at d = 128),
-// with many key blocks taking turns at each dQ tile (causal, a sliding window with seqlen_q !=
-// seqlen_k and GQA, varlen with empty sequences), and with batch x kv heads past the number of
+// The deterministic backward gives the same bits run after run, and a correct result: with the
+// narrow and the wide sm_90a backward (d = 64, 128 and 256), with many key blocks taking turns
+// at each dQ tile (causal, a sliding window with seqlen_q != seqlen_k and GQA, no mask, varlen
+// with empty sequences), launched with the heads interleaved (short sequences) and head after
+// head (the window's 17 key blocks), and with batch x kv heads past the number of
 // multiprocessors (the sm80 kernel's blocks then walk every key block into one dq_accum copy).
 TEST_F(CudaAttentionRuns, DeterministicBackwardIsBitIdentical) {
   std::vector<Case> cases = {dense_case(1, 2, 700, 128, true), dense_case(1, 2, 700, 64, true),
@@ -155,6 +156,8 @@ TEST_F(CudaAttentionRuns, DeterministicBackwardIsBitIdentical) {
   window.window_left = 300;
   window.window_right = 40;
   cases.push_back(window);
+  cases.push_back(dense_case(2, 3, 500, 128, false));
+  cases.push_back(dense_case(1, 2, 300, 256, true));
   Case varlen = dense_case(1, 2, 1, 64, true);
   varlen.seqlens_q = {0, 900, 130, 1500};
   varlen.seqlens_k = {40, 1100, 130, 1500};

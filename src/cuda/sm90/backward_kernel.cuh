@@ -223,15 +223,16 @@ __device__ __forceinline__ void pass_turn(int* turn, int next) {
 }
 
 // Deterministic mode orders each dQ tile's adds by key block, descending, and launches blocks in
-// that order. Where a head has few key blocks, or (no mask) every key block walks every query
-// tile, it launches every kv head's key block n + 1 before any head's key block n, so that a
-// block rarely waits for its predecessor's turn (that one ran in an earlier wave); otherwise a
-// head's key blocks stay together, as all heads' Q, dO and dQ would not fit in L2 at once.
+// that order. Where a head has few key blocks (at most 16), or without a mask up to 4096 keys,
+// it launches every kv head's key block n + 1 before any head's key block n, so that a block
+// rarely waits for its predecessor's turn (that one ran in an earlier wave); beyond, a head's key
+// blocks stay together: interleaved there, the heads' Q, dO and dQ streams compete for L2
+// (measured on the H200: -10 to -30% at 16k keys, -3 to -10% with causal masks at 4k).
 template <int kN>
 __host__ __device__ inline bool backward_interleaves_heads(const KernelParams& p) {
   const int64_t n_blocks = (int64_t(p.seqlen_k) + kN - 1) / kN;
   const bool unmasked = p.window_left < 0 && p.window_right < 0;
-  return p.deterministic && n_blocks <= (unmasked ? 64 : 16);
+  return p.deterministic && (unmasked ? n_blocks * kN <= 4096 : n_blocks <= 16);
 }
 
 // The grid of the backward: key blocks x kv heads x batch, or kv heads x key blocks x batch
