@@ -121,6 +121,23 @@ class FlashAttn:
         return run
 
 
+def library_commit(library):
+    """The commit the library was built from: its build folder's CMake source tree, when that is
+    the top of a git checkout ('+changes' if it differs from the commit); otherwise 'unknown'
+    (an exported tree, or a build folder without a CMake cache)."""
+    cache = os.path.join(os.path.dirname(os.path.abspath(library)), "CMakeCache.txt")
+    try:
+        source = next(line.split("=", 1)[1].strip() for line in open(cache)
+                      if line.startswith("CMAKE_HOME_DIRECTORY:"))
+    except (OSError, StopIteration):
+        return "unknown"
+    git = lambda *a: subprocess.run(["git", "-C", source, *a], capture_output=True, text=True).stdout.strip()
+    if os.path.realpath(git("rev-parse", "--show-toplevel") or "/nonexistent") != os.path.realpath(source):
+        return "unknown"
+    changed = git("status", "--porcelain", "--untracked-files=no")
+    return git("rev-parse", "--short", "HEAD") + ("+changes" if changed else "")
+
+
 # ---- timing --------------------------------------------------------------------------------
 
 def median_ms(fn):
@@ -235,9 +252,9 @@ def main():
         del q, k, v, dout, out, lse, dq, dk, dv, ours_fwd
         torch.cuda.empty_cache()
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = library_commit(args.library)
     lines = [f"{datetime.date.today()} · {torch.cuda.get_device_name()} · torch {torch.__version__} · "
-             f"cuDNN {torch.backends.cudnn.version()} · commit {commit or 'unknown'} · bf16, B·N = 16k, H = 2048/d",
+             f"cuDNN {torch.backends.cudnn.version()} · commit {commit} · bf16, B·N = 16k, H = 2048/d",
              "",
              "| B | H | d | N | causal | ours fwd | sm80 fwd | FLASH fwd | cuDNN fwd | ours/cuDNN | sm80/FLASH "
              "| ours bwd | sm80 bwd | det bwd | FLASH bwd | cuDNN bwd | ours/cuDNN | sm80/FLASH | det/default "
