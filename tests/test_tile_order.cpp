@@ -64,8 +64,11 @@ TEST(ForwardTileShape, TallTilesWhereTheyWasteNoRows) {
 TEST(TileShape, Sm90KernelsFitSharedMemory) {
   constexpr int kHopperSmem = 232448;
   for (int d : {64, 128, 256}) {
-    for (bool tall : {false, true})
-      if (!tall || forward_tall_possible(d)) EXPECT_LE(forward_smem_bytes(d, tall), kHopperSmem) << "d = " << d;
+    for (bool tall : {false, true}) {
+      if (!tall || forward_tall_possible(d)) {
+        EXPECT_LE(forward_smem_bytes(d, tall), kHopperSmem) << "d = " << d;
+      }
+    }
     for (bool general : {false, true}) {
       EXPECT_LE(backward_smem_bytes(d, general), kHopperSmem) << "d = " << d << ", general " << general;
       EXPECT_EQ(backward_dq_cols(d, general) % 32, 0) << "d = " << d;
