@@ -123,6 +123,9 @@ std::vector<NamedCase> feature_sweep(flashattn_dtype t, const std::vector<int>& 
   // More tiles than a GPU has multiprocessors (a grid that hands out tiles in several rounds).
   // 144 tiles of 192 rows at d <= 64 (sm90::forward_tall), 288 of 128 rows above.
   s.push_back({"many_tiles_causal_gqa", causal(dense(t, d, 4, 36, 6, 160, 160))});
+  // More query tiles than multiprocessors, two of each head's three without a visible key (rows
+  // 0..259 see none), so a persistent block meets tiles without keys between tiles with keys.
+  s.push_back({"many_tiles_keyless_rows", causal(dense(t, d, 2, 40, 8, 300, 40))});
   std::vector<int> lengths_q, lengths_k;
   for (int i = 0; i < 16; ++i) {
     lengths_q.push_back((i * 97) % 241);  // 0, 97, 194, 50, 147, ...: empty and partial 128-row tiles
