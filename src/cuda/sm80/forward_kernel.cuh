@@ -54,6 +54,14 @@ namespace forward_detail {
 
 constexpr float kNegInf = -INFINITY;
 
+// The window diagonals of this lane's two rows, lane / 4 and lane / 4 + 8, of the 16-row tile
+// that starts at sequence row row0 (a folded row's takes a remainder: derive it outside loops).
+__device__ __forceinline__ void lane_diagonals(const semantics::Window& window, int row0, int (&diag)[2]) {
+  const int row = row0 + int(threadIdx.x % 32) / 4;
+  diag[0] = int(window.diagonal(row));
+  diag[1] = int(window.diagonal(row + 8));
+}
+
 // General scores of a 16 x kN tile after S = Q K^T: raw q.k -> log2-domain transformed score,
 // the rows lane / 4 and lane / 4 + 8 on diagonals diag[0] and diag[1].
 template <int kTiles>
@@ -73,8 +81,8 @@ __device__ __forceinline__ void transform_scores_at(float (&s)[kTiles][4], const
 template <int kTiles>
 __device__ __forceinline__ void transform_scores(float (&s)[kTiles][4], const ScoreRule& rule, int64_t row0,
                                                  int64_t j0) {
-  const int row = int(row0) + int(threadIdx.x % 32) / 4;
-  const int diag[2] = {int(rule.window.diagonal(row)), int(rule.window.diagonal(row + 8))};
+  int diag[2];
+  lane_diagonals(rule.window, int(row0), diag);
   transform_scores_at(s, rule, diag, j0);
 }
 
@@ -103,8 +111,8 @@ __device__ __forceinline__ void apply_mask_at(float (&s)[kTiles][4], const seman
 template <int kTiles>
 __device__ __forceinline__ void apply_mask(float (&s)[kTiles][4], const semantics::Window& window, int row0,
                                            int j0) {
-  const int row = row0 + int(threadIdx.x % 32) / 4;
-  const int diag[2] = {int(window.diagonal(row)), int(window.diagonal(row + 8))};
+  int diag[2];
+  lane_diagonals(window, row0, diag);
   apply_mask_at(s, window, diag, j0);
 }
 

@@ -40,7 +40,7 @@ struct WideBackwardConfig {
   static_assert(kDqOffset % 1024 == 0, "swizzled TMA boxes start on the 1024-byte swizzle period");
   static constexpr int kRowsOffset = kDqOffset + 2 * DqTile::kBytes;
   static constexpr int kBarrierOffset = kRowsOffset + kStages * 2 * kM * 4;
-  static constexpr int kBarriers = 1 + 2 * kStages + 4;
+  static constexpr int kBarriers = backward_barriers(kStages);
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
   static_assert(kSmemBytes == backward_smem_bytes(kD), "the host reads the same size");
   static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
