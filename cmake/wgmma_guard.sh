@@ -1,14 +1,15 @@
 #!/bin/sh
 # Compiler launcher of the sm_90a kernels: runs the compile command and fails it when ptxas
-# reports that it serialised a kernel's wgmma instructions (C7515: a non-wgmma instruction
-# defines an accumulator register while a wgmma group is in flight). Such a kernel is correct but
-# waits for every product before issuing the next, which costs a quarter to a third of its speed.
+# reports that it serialised a kernel's wgmma instructions (C7514 / C7515: a non-wgmma
+# instruction reads or writes an accumulator register while ptxas cannot prove its wgmma group
+# retired). Such a kernel is correct but waits for every product before issuing the next, which
+# costs a quarter to a third of its speed.
 log=$(mktemp) || exit 1
 "$@" 2> "$log"
 status=$?
 cat "$log" >&2
-if grep -q "C7515" "$log"; then
-  echo "error: ptxas serialised the wgmma instructions of a kernel in this unit (C7515 above)" >&2
+if grep -q "wgmma.mma_async instructions are serialized" "$log"; then
+  echo "error: ptxas serialised the wgmma instructions of a kernel in this unit (see above)" >&2
   status=1
 fi
 rm -f "$log"
