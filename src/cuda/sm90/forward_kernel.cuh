@@ -15,8 +15,9 @@
 // tiles until none is left, the first by its index and the others from a counter (dynamic, so
 // that the long and short tiles of a causal mask or a varlen batch even out). The producer
 // fetches the next tile while the consumers finish the current one and streams its K, V and Q
-// behind the current ones, so a tile's start and end (latency of the first loads, the epilogue)
-// overlap its neighbours' work.
+// behind the current ones; on 128-row tiles without a score transform the consumers issue the
+// next tile's first S = Q K^T before the current tile's epilogue, so a tile's start and end
+// (latency of the first loads, the epilogue) overlap its neighbours' work.
 #pragma once
 
 #include <cuda.h>
@@ -218,7 +219,7 @@ __device__ void produce(const ForwardArgs& args, uint32_t smem) {
   }
 }
 
-// One consumer warpgroup: 64 query rows through every key block of the tile.
+// One consumer warpgroup: 64 query rows of each tile through every key block of the tile.
 template <typename T, int kD, bool kTall, bool kGeneral>
 struct Consumer {
   using C = ForwardConfig<T, kD, kTall>;
@@ -229,14 +230,14 @@ struct Consumer {
   using Elem = typename T::storage;
 
   const KernelParams& p;
-  const ScoreRule& rule;
-  int m0;           // first query row of the tile
   uint32_t smem;
   Barriers<C::kKStages, C::kVStages> bars;
-  int wg;           // consumer index
-  int row0;         // sequence row of this warp's first query row
-  // Window diagonals of this thread's two rows (set per tile: with folded rows a diagonal takes
-  // a remainder, kept out of the key loop).
+  int wg;  // consumer index
+  // The tile in progress: its score rule, first query row, and the window diagonals of this
+  // thread's two rows (set per tile: with folded rows a diagonal takes a remainder, kept out of
+  // the key loop).
+  ScoreRule rule;
+  int m0 = 0;
   int diag[2] = {0, 0};
   float o[kD / 8][4] = {};
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
@@ -255,6 +256,22 @@ struct Consumer {
   // One arrival per warp frees a stage once all of this warpgroup's wgmma reading it are done.
   __device__ static void release(uint32_t bar) {
     if (threadIdx.x % 32 == 0) mbarrier_arrive(bar);
+  }
+
+  __device__ void begin_tile(const ForwardTile& t) {
+    rule = ScoreRule::make(p, t.seq, t.b, t.h);
+    m0 = t.m0;
+    const int lane_row = m0 + 64 * wg + 16 * ((int(threadIdx.x) % 128) / 32) + (int(threadIdx.x) % 32) / 4;
+    diag[0] = int(rule.window.diagonal(lane_row));
+    diag[1] = int(rule.window.diagonal(lane_row + 8));
+  }
+  __device__ void reset_rows() {
+#pragma unroll
+    for (int dt = 0; dt < kD / 8; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[dt][e] = 0.f;
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.f;
   }
 
   __device__ void issue_scores(float (&s)[kN / 8][4], int stage) const {
@@ -284,30 +301,29 @@ struct Consumer {
     for (int kk = 0; kk < kN / 16; ++kk) accumulators_to_a<T>(s[2 * kk], s[2 * kk + 1], pa[kk]);
   }
 
-  // The key blocks of the tile; `ring`: the ring position of its first block, `q_parity`: the
-  // phase of its Q load.
-  __device__ void run(KeyBlocks blocks, int ring, uint32_t q_parity) {
-    if (blocks.begin >= blocks.end) return;
-    if (wg == C::kConsumers - 1) pass_turn();  // consumer 0 goes first
+  // S = Q K^T of the tile's first key block, issued (Q's load has phase `q_parity`, K is at ring
+  // position `ring`).
+  __device__ void issue_first(int ring, uint32_t q_parity, float (&s)[kN / 8][4]) {
     mbarrier_wait(bars.q_full(), q_parity);
-    float s[kN / 8][4];
-    uint32_t pa[kN / 16][4];
-    float correction[2];
-
-    // First key block: S only.
     const RingSlot<C::kKStages> first = RingSlot<C::kKStages>::of(ring);
     mbarrier_wait(bars.k_full(first.stage), first.parity);
     take_turn();
     wgmma_fence();
     issue_scores(s, first.stage);
     pass_turn();
+  }
+  // ... and its softmax, once it is done (and every older wgmma group).
+  __device__ void complete_first(KeyBlocks blocks, int ring, float (&s)[kN / 8][4], uint32_t (&pa)[kN / 16][4],
+                                 float (&correction)[2]) {
     wgmma_wait<0>();
     fence_registers(flat<kN>(s));
-    release(bars.k_empty(first.stage));
+    release(bars.k_empty(RingSlot<C::kKStages>::of(ring).stage));
     softmax(s, blocks.end - 1, correction);
     to_operand(s, pa);
-
-    // Then S of block n beside O += P V of block n + 1.
+  }
+  // S of block n beside O += P V of block n + 1, for the blocks after the first; returns how many.
+  __device__ int run_middle(KeyBlocks blocks, int ring, float (&s)[kN / 8][4], uint32_t (&pa)[kN / 16][4],
+                            float (&correction)[2]) {
     int i = 0;
     for (int n = blocks.end - 2; n >= blocks.begin; --n, ++i) {
       const RingSlot<C::kKStages> k_slot = RingSlot<C::kKStages>::of(ring + i + 1);
@@ -329,45 +345,125 @@ struct Consumer {
       forward_detail::rescale_output<kLazy>(o, correction);
       to_operand(s, pa);
     }
-
-    // Every S = Q K^T of the tile is done: with O staged elsewhere, Q's tile is free.
-    if (C::kPersistent) release(bars.q_empty());
-
-    // Last P V. The last consumer passes no turn: consumer 0 takes none after this.
-    const RingSlot<C::kVStages> last = RingSlot<C::kVStages>::of(ring + i);
+    return i;
+  }
+  // The last O += P V of the tile (V at ring position `ring`), issued; returns V's stage.
+  __device__ int issue_last(int ring, uint32_t (&pa)[kN / 16][4], bool pass) {
+    const RingSlot<C::kVStages> last = RingSlot<C::kVStages>::of(ring);
     mbarrier_wait(bars.v_full(last.stage), last.parity);
     take_turn();
     wgmma_fence();
     issue_output(pa, last.stage);
-    if (wg != C::kConsumers - 1) pass_turn();
+    if (pass) pass_turn();
+    return last.stage;
+  }
+
+  // The key blocks of the tile, one tile per block (not persistent); `ring`: the ring position of
+  // its first block, `q_parity`: the phase of its Q load.
+  __device__ void run(KeyBlocks blocks, int ring, uint32_t q_parity) {
+    if (wg == C::kConsumers - 1) pass_turn();  // consumer 0 goes first
+    float s[kN / 8][4];
+    uint32_t pa[kN / 16][4];
+    float correction[2];
+    issue_first(ring, q_parity, s);
+    complete_first(blocks, ring, s, pa, correction);
+    const int i = run_middle(blocks, ring, s, pa, correction);
+    // The last consumer passes no turn: consumer 0 takes none after this.
+    const int v_stage = issue_last(ring + i, pa, wg != C::kConsumers - 1);
     wgmma_wait<0>();
     fence_registers(flat<kD>(o));
-    release(bars.v_empty(last.stage));
+    release(bars.v_empty(v_stage));
+  }
+
+  // Persistent: the tiles the producer publishes, until none is left. The turns go round the
+  // consumers from tile to tile, and a tile's last O += P V waits until the next tile is known:
+  // then it is issued with the next tile's first S = Q K^T behind it, and its epilogue runs while
+  // the tensor cores compute that. Both products and the wait between them stay in one pass of
+  // the loop, where ptxas can tell which group the wait retires (across the loop's back edge it
+  // cannot, and it would serialise every wgmma).
+  __device__ void run_tiles() {
+    const TileSlots slots{smem + C::kTileSlotOffset};
+    int ring = 0;
+    uint32_t q_loads = 0;
+    int current = -1;  // the tile whose last P V is due, with its V at ring position ring - 1
+    float s[kN / 8][4];
+    uint32_t pa[kN / 16][4];
+    float correction[2];
+    if (wg == C::kConsumers - 1) pass_turn();  // consumer 0 goes first
+    for (int j = 0;; ++j) {
+      mbarrier_wait(bars.tile_full(j % 2), (j / 2) & 1);
+      const int index = slots.read(j % 2);
+      mbarrier_arrive(bars.tile_empty(j % 2));
+      // The tile order is recomputed where it is used: kept, it would spill in the key loop.
+      if (index >= TileOrder::of(p, C::kM).total) break;
+      const ForwardTile t = TileOrder::of(p, C::kM).tile(p, index, C::kM);
+      if (t.m0 >= t.seq.seqlen_q) continue;
+      begin_tile(t);  // the current tile's epilogue needs none of the rule's state
+      const KeyBlocks blocks = KeyBlocks::of(rule, t.seq, t.m0, C::kM, C::kN, p.num_splits, t.split);
+      // Without keys there is no product to overlap; the score-transform kernel and the tall
+      // tiles' three consumers (160 registers each) finish the current tile first as well: the
+      // rule's extra terms, or the next tile's S beside O, P and the epilogue would spill.
+      const bool overlap = !kGeneral && !kTall && blocks.begin < blocks.end;
+      if (current >= 0 && !overlap) {
+        finish_current<0>(current, ring, pa);
+        current = -1;
+      }
+      if (blocks.begin >= blocks.end) {
+        finish_keyless(t);
+        continue;
+      }
+      if (current >= 0) {
+        const int v_stage = issue_last(ring - 1, pa, true);
+        issue_first(ring, q_loads & 1u, s);
+        finish_tile<1>(current, v_stage);  // S stays in flight
+      } else {
+        issue_first(ring, q_loads & 1u, s);
+      }
+      reset_rows();
+      complete_first(blocks, ring, s, pa, correction);
+      run_middle(blocks, ring, s, pa, correction);
+      release(bars.q_empty());  // every S = Q K^T of the tile is done; O is staged in a tile of its own
+      current = index;
+      ring += blocks.end - blocks.begin;
+      ++q_loads;
+    }
+    if (current >= 0) finish_current<0>(current, ring, pa);
+    if (wg == 0) take_turn();  // the last consumer's final pass
+  }
+  // The current tile's last O += P V (its V at ring position ring - 1), then its epilogue.
+  template <int kGroupsLeft>
+  __device__ void finish_current(int index, int ring, uint32_t (&pa)[kN / 16][4]) {
+    finish_tile<kGroupsLeft>(index, issue_last(ring - 1, pa, true));
+  }
+  // The epilogue of tile `index` once its last O += P V (V in stage `v_stage`) is done
+  // (kGroupsLeft: younger wgmma groups that may stay in flight).
+  template <int kGroupsLeft>
+  __device__ void finish_tile(int index, int v_stage) {
+    wgmma_wait<kGroupsLeft>();
+    fence_registers(flat<kD>(o));
+    release(bars.v_empty(v_stage));
+    finish(TileOrder::of(p, C::kM).tile(p, index, C::kM));
   }
 
   // O / l and lse; then O through this warpgroup's rows of the O tile (or of Q's, then released)
   // to coalesced 16-byte stores, or fp32 partials straight from registers when the keys are
-  // split. A tile without keys writes zeros without staging: its Q's tile was never loaded.
-  __device__ void finish(const ForwardTile& t, bool had_keys) {
+  // split.
+  __device__ void finish(const ForwardTile& t) {
     const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+    const int wg_row = 64 * wg, warp_row = wg_row + 16 * ((threadIdx.x % 128) / 32);
+    const int row0 = t.m0 + warp_row;  // sequence row of this warp's first query row
     float lse[2];
-    forward_detail::normalize_rows(o, row_max, row_sum, rule.exp_scale, p.dropout_inv_keep, lse);
+    // The rule's exp_scale, from the parameters: the rule may already be the next tile's.
+    const float exp_scale = kGeneral ? 1.f : p.scale * kLog2e;
+    forward_detail::normalize_rows(o, row_max, row_sum, exp_scale, p.dropout_inv_keep, lse);
     using QTile = typename C::QTile;
     constexpr int kChunksPerRow = kD / 8;
-    const int wg_row = 64 * wg, warp_row = wg_row + 16 * ((threadIdx.x % 128) / 32);
-    Elem* out_rows = operand_row<Elem>(p.out, t.b, t.seq.q_start + t.m0 + wg_row, t.h);
     if (p.num_splits > 1) {
       const int64_t head_rows = (int64_t(t.split) * p.heads_q + t.h) * p.rows_q + t.seq.packed_q;
       forward_detail::store_partials(p, head_rows, row0, t.seq.seqlen_q, o, lse);
-    } else if (!had_keys) {
-      forward_detail::store_lse(p, t.b, t.h, t.seq, row0, lse);
-      for (int c = threadIdx.x % 128; c < 64 * kChunksPerRow; c += 128) {
-        const int row = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
-        if (t.m0 + wg_row + row < t.seq.seqlen_q && col < p.head_dim)
-          *reinterpret_cast<uint4*>(out_rows + row * p.out.row + col) = make_uint4(0, 0, 0, 0);
-      }
     } else {
       forward_detail::store_lse(p, t.b, t.h, t.seq, row0, lse);
+      Elem* out_rows = operand_row<Elem>(p.out, t.b, t.seq.q_start + t.m0 + wg_row, t.h);
       const uint32_t staging = smem + (C::kPersistent ? C::kOOffset : 0);
       unsigned char* tile = reinterpret_cast<unsigned char*>(__cvta_shared_to_generic(staging));
       named_barrier_sync(C::kEpilogueBarrier + wg, 128);  // the previous tile's stores have read the tile
@@ -386,57 +482,56 @@ struct Consumer {
               *reinterpret_cast<const uint4*>(tile + QTile::offset(wg_row + row, col));
       }
     }
-    if (!C::kPersistent && had_keys) {
+    if (!C::kPersistent) {
       // This warp is done with Q's tile; its writes there precede the next Q's TMA writes.
       __syncwarp();
       fence_async_shared();
       release(bars.q_empty());
     }
   }
-};
 
-// One consumer warpgroup's work on tile `index`; `ring` and `q_loads` advance past it.
-template <typename T, int kD, bool kTall, bool kGeneral>
-__device__ void consume_tile(const KernelParams& p, uint32_t smem, int wg, int index, int& ring, uint32_t& q_loads) {
-  using C = ForwardConfig<T, kD, kTall>;
-  const TileOrder order = TileOrder::of(p, C::kM);
-  const ForwardTile t = order.tile(p, index, C::kM);
-  if (t.m0 >= t.seq.seqlen_q) return;
-  const ScoreRule rule = ScoreRule::make(p, t.seq, t.b, t.h);
-  const KeyBlocks blocks = KeyBlocks::of(rule, t.seq, t.m0, C::kM, C::kN, p.num_splits, t.split);
-  const bool had_keys = blocks.begin < blocks.end;
-  const int row0 = t.m0 + 64 * wg + 16 * ((int(threadIdx.x) % 128) / 32);
-  const Barriers<C::kKStages, C::kVStages> bars{smem + C::kBarrierOffset};
-  Consumer<T, kD, kTall, kGeneral> consumer{p, rule, t.m0, smem, bars, wg, row0};
-  const int lane_row = row0 + (int(threadIdx.x) % 32) / 4;
-  consumer.diag[0] = int(rule.window.diagonal(lane_row));
-  consumer.diag[1] = int(rule.window.diagonal(lane_row + 8));
-  consumer.run(blocks, ring, q_loads & 1u);
-  consumer.finish(order.tile(p, index, C::kM), had_keys);  // recomputed: t need not live through run()
-  if (had_keys) {
-    ring += blocks.end - blocks.begin;
-    ++q_loads;
+  // A tile without keys: zeros and lse = -inf (or such partials when the keys are split), written
+  // without staging (its Q's tile was never loaded) and without O's registers: they may hold the
+  // previous tile's, and ptxas, which cannot tell that no wgmma is in flight here, would
+  // serialise every wgmma of the kernel for a write to them.
+  __device__ void finish_keyless(const ForwardTile& t) const {
+    const int wg_row = 64 * wg, row0 = t.m0 + wg_row + 16 * ((int(threadIdx.x) % 128) / 32);
+    const float lse[2] = {-INFINITY, -INFINITY};
+    if (p.num_splits > 1) {
+      const int64_t head_rows = (int64_t(t.split) * p.heads_q + t.h) * p.rows_q + t.seq.packed_q;
+      const float zeros[kD / 8][4] = {};
+      forward_detail::store_partials(p, head_rows, row0, t.seq.seqlen_q, zeros, lse);
+      return;
+    }
+    forward_detail::store_lse(p, t.b, t.h, t.seq, row0, lse);
+    constexpr int kChunksPerRow = kD / 8;
+    Elem* out_rows = operand_row<Elem>(p.out, t.b, t.seq.q_start + t.m0 + wg_row, t.h);
+    for (int c = threadIdx.x % 128; c < 64 * kChunksPerRow; c += 128) {
+      const int row = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+      if (t.m0 + wg_row + row < t.seq.seqlen_q && col < p.head_dim)
+        *reinterpret_cast<uint4*>(out_rows + row * p.out.row + col) = make_uint4(0, 0, 0, 0);
+    }
   }
-}
+};
 
 // One consumer warpgroup: its block's tile, or (persistent) the tiles the producer publishes.
 template <typename T, int kD, bool kTall, bool kGeneral>
 __device__ void consume(const KernelParams& p, uint32_t smem, int wg) {
   using C = ForwardConfig<T, kD, kTall>;
-  int ring = 0;
-  uint32_t q_loads = 0;
-  if constexpr (!C::kPersistent) {
-    consume_tile<T, kD, kTall, kGeneral>(p, smem, wg, int(blockIdx.x), ring, q_loads);
+  Consumer<T, kD, kTall, kGeneral> consumer{p, smem, Barriers<C::kKStages, C::kVStages>{smem + C::kBarrierOffset}, wg};
+  if constexpr (C::kPersistent) {
+    consumer.run_tiles();
   } else {
-    const int total = TileOrder::of(p, C::kM).total;
-    const Barriers<C::kKStages, C::kVStages> bars{smem + C::kBarrierOffset};
-    const TileSlots slots{smem + C::kTileSlotOffset};
-    for (int j = 0;; ++j) {
-      mbarrier_wait(bars.tile_full(j % 2), (j / 2) & 1);
-      const int index = slots.read(j % 2);
-      mbarrier_arrive(bars.tile_empty(j % 2));
-      if (index >= total) return;
-      consume_tile<T, kD, kTall, kGeneral>(p, smem, wg, index, ring, q_loads);
+    const TileOrder order = TileOrder::of(p, C::kM);
+    const ForwardTile t = order.tile(p, int(blockIdx.x), C::kM);
+    if (t.m0 >= t.seq.seqlen_q) return;
+    consumer.begin_tile(t);
+    const KeyBlocks blocks = KeyBlocks::of(consumer.rule, t.seq, t.m0, C::kM, C::kN, p.num_splits, t.split);
+    if (blocks.begin >= blocks.end) {
+      consumer.finish_keyless(t);
+    } else {
+      consumer.run(blocks, 0, 0u);
+      consumer.finish(order.tile(p, int(blockIdx.x), C::kM));  // recomputed: t need not live through run()
     }
   }
 }
