@@ -123,8 +123,9 @@ class FlashAttn:
 
 def library_commit(library):
     """The commit the library was built from: its build folder's CMake source tree, when that is
-    the top of a git checkout ('+changes' if it differs from the commit); otherwise 'unknown'
-    (an exported tree, or a build folder without a CMake cache)."""
+    the top of a git checkout ('+changes' if it differs from the commit), or a tree exported with
+    `git archive` (which writes the commit into cmake/source_commit.txt); otherwise 'unknown' (a
+    build folder without a CMake cache, or a tree copied some other way)."""
     cache = os.path.join(os.path.dirname(os.path.abspath(library)), "CMakeCache.txt")
     try:
         source = next(line.split("=", 1)[1].strip() for line in open(cache)
@@ -132,10 +133,14 @@ def library_commit(library):
     except (OSError, StopIteration):
         return "unknown"
     git = lambda *a: subprocess.run(["git", "-C", source, *a], capture_output=True, text=True).stdout.strip()
-    if os.path.realpath(git("rev-parse", "--show-toplevel") or "/nonexistent") != os.path.realpath(source):
+    if os.path.realpath(git("rev-parse", "--show-toplevel") or "/nonexistent") == os.path.realpath(source):
+        changed = git("status", "--porcelain", "--untracked-files=no")
+        return git("rev-parse", "--short", "HEAD") + ("+changes" if changed else "")
+    try:
+        exported = open(os.path.join(source, "cmake", "source_commit.txt")).read().strip()
+    except OSError:
         return "unknown"
-    changed = git("status", "--porcelain", "--untracked-files=no")
-    return git("rev-parse", "--short", "HEAD") + ("+changes" if changed else "")
+    return exported + " (exported)" if exported and not exported.startswith("$Format") else "unknown"
 
 
 # ---- timing --------------------------------------------------------------------------------
