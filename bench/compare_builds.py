@@ -6,8 +6,8 @@ Each SOURCE is a source tree (a folder with CMakeLists.txt) or a git ref of this
 exported with `git archive`. All are built at once into OUT/<name>/build (the head dims measured;
 CUDA architectures from FLASHATTN_CUDA_ARCHS, default 90; with --tests the CUDA test binary too,
 OUT/<name>/build/tests/cuda/flashattn_cuda_tests; with --check that binary also runs, whole and
-under compute-sanitizer memcheck and racecheck on a subset, before the benchmarks, and a line per
-build says how each check went), then measured one after the other with
+under compute-sanitizer memcheck, racecheck and synccheck on a subset, before the benchmarks,
+and a line per build says how each check went), then measured one after the other with
 bench/bench_cuda.py (--quick unless --full);
 the tables land in OUT/<name>/bench.md and a side-by-side table of the forward, backward and
 deterministic backward of every build, with cuDNN's from the first build's run, is printed at the
@@ -65,12 +65,12 @@ def sanitizer_filter(tool):
 
 
 def check(folder, log):
-    """Runs the build's CUDA tests, then memcheck and racecheck on their filters: 'name ok/FAILED' each."""
+    """Runs the build's CUDA tests, then memcheck, racecheck and synccheck on their filters: 'name ok/FAILED' each."""
     binary = os.path.join(folder, "build", "tests", "cuda", "flashattn_cuda_tests")
     checks = [("tests", [binary, "--gtest_brief=1"])] + [
         (tool, ["compute-sanitizer", "--tool", tool, "--error-exitcode", "1", binary,
                 f"--gtest_filter={sanitizer_filter(tool)}"])
-        for tool in ("memcheck", "racecheck")]
+        for tool in ("memcheck", "racecheck", "synccheck")]
     verdicts = []
     for name, cmd in checks:
         try:
@@ -89,7 +89,7 @@ def main():
     ap.add_argument("--full", action="store_true", help="every N of bench_cuda.py, not --quick")
     ap.add_argument("--tests", action="store_true", help="build each source's CUDA test binary too")
     ap.add_argument("--check", action="store_true",
-                    help="build and run each source's CUDA tests, and memcheck and racecheck on a subset")
+                    help="build and run each source's CUDA tests, and memcheck, racecheck and synccheck on a subset")
     args = ap.parse_args()
     args.tests = args.tests or args.check
     os.makedirs(args.out, exist_ok=True)
