@@ -358,14 +358,15 @@ struct Consumer {
     return last.stage;
   }
 
-  // The key blocks of the tile, one tile per block (not persistent); `ring`: the ring position of
-  // its first block, `q_parity`: the phase of its Q load.
-  __device__ void run(KeyBlocks blocks, int ring, uint32_t q_parity) {
+  // The key blocks of the tile, one tile per block (not persistent): the ring and Q's load start
+  // at their first position and phase.
+  __device__ void run(KeyBlocks blocks) {
+    const int ring = 0;
     if (wg == C::kConsumers - 1) pass_turn();  // consumer 0 goes first
     float s[kN / 8][4];
     uint32_t pa[kN / 16][4];
     float correction[2];
-    issue_first(ring, q_parity, s);
+    issue_first(ring, 0u, s);
     complete_first(blocks, ring, s, pa, correction);
     const int i = run_middle(blocks, ring, s, pa, correction);
     // The last consumer passes no turn: consumer 0 takes none after this.
@@ -453,7 +454,8 @@ struct Consumer {
     const int wg_row = 64 * wg, warp_row = wg_row + 16 * ((threadIdx.x % 128) / 32);
     const int row0 = t.m0 + warp_row;  // sequence row of this warp's first query row
     float lse[2];
-    // The rule's exp_scale, from the parameters: the rule may already be the next tile's.
+    // The rule's exp_scale (the same for every tile), from the parameters: the rule may already
+    // be the next tile's.
     const float exp_scale = kGeneral ? 1.f : p.scale * kLog2e;
     forward_detail::normalize_rows(o, row_max, row_sum, exp_scale, p.dropout_inv_keep, lse);
     using QTile = typename C::QTile;
@@ -530,7 +532,7 @@ __device__ void consume(const KernelParams& p, uint32_t smem, int wg) {
     if (blocks.begin >= blocks.end) {
       consumer.finish_keyless(t);
     } else {
-      consumer.run(blocks, 0, 0u);
+      consumer.run(blocks);
       consumer.finish(order.tile(p, int(blockIdx.x), C::kM));  // recomputed: t need not live through run()
     }
   }
