@@ -2,9 +2,12 @@
 """Runs one shape through flashattn's CUDA kernels and PyTorch's FLASH (FlashAttention-2) and/or
 cuDNN SDPA backends (--reference flash | cudnn | both) once each, for a profiler to compare them
 kernel by kernel; with --ncu it runs itself under Nsight Compute and prints one table: a row per
-metric, a column per kernel.
+metric, a column per kernel. With --sass DIR it samples the warps of our first forward or
+backward kernel (--pass) instead, writes Nsight Compute's per-instruction table to
+DIR/<pass>.csv and prints the instructions where the warps stall most, with their reasons.
 
   python3 bench/profile_cuda.py --library build/libflashattn.so --d 64 --n 4096 [--causal] --ncu
+  python3 bench/profile_cuda.py --library build/libflashattn.so --d 128 --n 1024 --sass out --pass forward
 
 bf16, B * N = 16k tokens, H = 2048 / d as in bench_cuda.py. FLASHATTN_CUDA_KERNELS=sm80 in the
 environment profiles the mma.sync kernels on a Hopper GPU.
@@ -79,6 +82,45 @@ def profile(args):
               + " | ".join(r.get(m, "-") for r in rows) + " |")
 
 
+def sample_sass(args):
+    """Warp-state sampling of one of our kernels, per SASS instruction."""
+    os.makedirs(args.sass, exist_ok=True)
+    namespace = "sm80" if os.environ.get("FLASHATTN_CUDA_KERNELS") == "sm80" else "sm90"
+    kernel = f"regex:flashattn::cuda::{'sm90::' if namespace == 'sm90' else ''}{args.pass_}_kernel"
+    report = os.path.join(args.sass, f"{args.pass_}_{namespace}_d{args.d}_n{args.n}")
+    subprocess.run(["ncu", "-f", "--kernel-name-base", "demangled", "-k", kernel, "--launch-count", "1",
+                    "--section", "SourceCounters", "--section", "WarpStateStats", "-o", report,
+                    sys.executable, os.path.abspath(__file__), "--library", args.library, "--d", str(args.d),
+                    "--n", str(args.n), "--reference", args.reference] + (["--causal"] if args.causal else []),
+                   check=True)
+    export = ["ncu", "-i", report + ".ncu-rep", "--page", "source", "--csv"]
+    result = subprocess.run(export + ["--print-source", "sass"], capture_output=True, text=True)
+    if result.returncode != 0:  # older Nsight Compute: SASS is the source page's default view
+        result = subprocess.run(export, capture_output=True, text=True, check=True)
+    table = result.stdout
+    with open(report + ".csv", "w") as f:
+        f.write(table)
+    summarise_sass(report + ".csv", args.top)
+
+
+def summarise_sass(path, top):
+    """Prints the `top` instructions of a per-instruction table with the most warp samples."""
+    with open(path) as f:
+        table = f.read()
+    rows = list(csv.DictReader(io.StringIO(table[table.index('"Address"'):])))
+    samples = "Warp Stall Sampling (All Samples)"
+    reasons = [c for c in rows[0] if c.startswith("stall_") and "Not Issued" not in c]
+    number = lambda x: float(x.replace(",", "")) if x and x.replace(",", "").replace(".", "").isdigit() else 0.0
+    total = sum(number(r[samples]) for r in rows) or 1.0
+    by_reason = {c: sum(number(r[c]) for r in rows) for c in reasons}
+    print(f"{path}: {len(rows)} instructions, {total:.0f} samples; "
+          + ", ".join(f"{c[6:]} {100 * v / total:.0f}%" for c, v in sorted(by_reason.items(), key=lambda x: -x[1])[:8]))
+    for r in sorted(rows, key=lambda r: -number(r[samples]))[:top]:
+        main = sorted(((number(r[c]), c[6:]) for c in reasons), reverse=True)[:3]
+        print(f"{100 * number(r[samples]) / total:5.2f}%  {r['Address']}  {r['Source'][:64]:64}  "
+              + ", ".join(f"{c} {v:.0f}" for v, c in main if v > 0))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--library", required=True)
@@ -88,8 +130,11 @@ def main():
     ap.add_argument("--reference", choices=["flash", "cudnn", "both"], default="flash",
                     help="PyTorch SDPA backend(s) profiled beside ours")
     ap.add_argument("--ncu", action="store_true", help="run under Nsight Compute and print the metrics")
+    ap.add_argument("--sass", metavar="DIR", help="sample our kernel's warps per SASS instruction into DIR")
+    ap.add_argument("--pass", dest="pass_", choices=["forward", "backward"], default="forward")
+    ap.add_argument("--top", type=int, default=40, help="instructions printed with --sass")
     args = ap.parse_args()
-    profile(args) if args.ncu else run_shape(args)
+    sample_sass(args) if args.sass else profile(args) if args.ncu else run_shape(args)
 
 
 if __name__ == "__main__":
