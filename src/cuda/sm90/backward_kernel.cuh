@@ -447,7 +447,9 @@ __device__ __forceinline__ void run_backward_block(const BackwardArgs& args) {
     if (warp >= 2 && threadIdx.x % 32 == 0) reduce_dq_tiles<C>(args, seq, b, hk, n, w, smem, bars, warp - 2);
   } else {
     registers_claim<C::kConsumerRegisters>();
-    Consumer consumer{p, seq, b, hk, smem, bars, wg - 1};
+    // The consumer index through a shuffle: the compiler then knows it uniform and keeps what
+    // derives from it (barrier ids, wgmma descriptors) in uniform registers.
+    Consumer consumer{p, seq, b, hk, smem, bars, __shfl_sync(0xffffffffu, wg - 1, 0)};
     consumer.run(w);
   }
 }

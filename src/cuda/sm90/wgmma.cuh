@@ -5,38 +5,34 @@
 
 #include <cstdint>
 
+#include "cuda/sm90/swizzled_tile.h"
 #include "cuda/sm90/wgmma_ops.cuh"
 
 namespace flashattn::cuda::sm90 {
 
-// A tile of Rows x Cols 16-bit values as TMA writes it with 128-byte swizzle and 64-element boxes:
-// Cols / 64 column blocks one after the other, each Rows rows of 128 bytes, in which the 16-byte
-// chunk c of row r sits at position c ^ (r % 8). The tile must start on a 1024-byte boundary.
-template <int Rows, int Cols>
-struct SwizzledTile {
-  static_assert(Cols % 64 == 0, "128-byte swizzled tiles hold whole 64-column blocks");
-  static_assert(Rows % 8 == 0, "the swizzle pattern repeats every 8 rows");
-  static constexpr int kRows = Rows, kCols = Cols;
-  static constexpr int kBlockBytes = Rows * 128;  // one 64-column block
-  static constexpr int kBytes = kBlockBytes * (Cols / 64);
-
-  __host__ __device__ static constexpr uint32_t offset(int row, int col) {
-    return uint32_t((col / 64) * kBlockBytes + row * 128 + ((((col % 64) / 8) ^ (row % 8)) * 16) + (col % 8) * 2);
-  }
-};
-
-// Matrix descriptor of a 128-byte swizzled operand at shared address `addr` (bits 0-13: address,
-// 16-29: leading byte offset, 32-45: stride byte offset, 62-63: layout 1 = 128-byte swizzle).
+// Matrix descriptor of a 128-byte swizzled operand at shared address `addr` (bits 0-13: address
+// / 16, 16-29: leading byte offset, 32-45: stride byte offset, 62-63: layout 1 = 128-byte swizzle).
+// Shared addresses are below 256 KB, so addr / 16 fits its 14 bits.
 __device__ __forceinline__ uint64_t swizzled_descriptor(uint32_t addr, uint32_t leading_bytes, uint32_t stride_bytes) {
-  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(leading_bytes >> 4) << 16) | (uint64_t(stride_bytes >> 4) << 32) |
-         (uint64_t(1) << 62);
+  const uint32_t low = (addr >> 4) | ((leading_bytes >> 4) << 16);
+  const uint32_t high = (stride_bytes >> 4) | (1u << 30);
+  return (uint64_t(high) << 32) | low;
 }
 
-// K-major operand (rows x k, k contiguous): rows [row0, row0 + M or N) of k-step `kk` (16 columns).
-// 8-row groups are 1024 bytes apart; the leading offset is unused for swizzled K-major layouts.
+// The descriptor `units` 16-byte steps past `base` in the same tile: only the address field moves,
+// and it cannot carry into the next field (the address stays below 256 KB). Written so, a kernel
+// forms each tile's descriptor once and adds a constant per k-step, where recomputing it from the
+// address took five dependent instructions before every wgmma.
+__device__ __forceinline__ uint64_t advance_descriptor(uint64_t base, uint32_t units) {
+  return (base & 0xFFFFFFFF00000000ull) | uint32_t(uint32_t(base) + units);
+}
+
+// K-major operand (rows x k, k contiguous): rows [row0, row0 + M or N) of k-step `kk` (16 columns),
+// row0 a multiple of 8. 8-row groups are 1024 bytes apart; the leading offset is unused for
+// swizzled K-major layouts.
 template <typename Tile>
 __device__ __forceinline__ uint64_t k_major_descriptor(uint32_t tile, int row0, int kk) {
-  return swizzled_descriptor(tile + Tile::offset(row0, kk * 16), 16, 1024);
+  return advance_descriptor(swizzled_descriptor(tile, 16, 1024), k_major_units<Tile>(row0, kk));
 }
 
 // N-major operand B (k rows x N columns, N contiguous, e.g. V of P V): k-step `kk` is 16 rows,
@@ -45,8 +41,7 @@ __device__ __forceinline__ uint64_t k_major_descriptor(uint32_t tile, int row0, 
 // a block apart (leading offset), 8-row groups 1024 bytes (stride offset).
 template <typename Tile>
 __device__ __forceinline__ uint64_t n_major_descriptor(uint32_t tile, int kk, int col0 = 0) {
-  const uint32_t start = tile + uint32_t((col0 / 64) * Tile::kBlockBytes + (col0 % 64) * 2 + kk * 16 * 128);
-  return swizzled_descriptor(start, Tile::kBlockBytes, 1024);
+  return advance_descriptor(swizzled_descriptor(tile, Tile::kBlockBytes, 1024), n_major_units<Tile>(kk, col0));
 }
 
 // Orders this warpgroup's earlier register accesses before the wgmma that follow.
