@@ -4,7 +4,8 @@ cuDNN SDPA backends (--reference flash | cudnn | both) once each, for a profiler
 kernel by kernel; with --ncu it runs itself under Nsight Compute and prints one table: a row per
 metric, a column per kernel. With --sass DIR it samples the warps of our first forward or
 backward kernel (--pass) instead, writes Nsight Compute's per-instruction table to
-DIR/<pass>.csv and prints the instructions where the warps stall most, with their reasons.
+DIR/<pass>_<sm90|sm80>_d<d>_n<n>.csv and prints the instructions where the warps stall most,
+with their reasons.
 
   python3 bench/profile_cuda.py --library build/libflashattn.so --d 64 --n 4096 [--causal] --ncu
   python3 bench/profile_cuda.py --library build/libflashattn.so --d 128 --n 1024 --sass out --pass forward
@@ -116,9 +117,9 @@ def summarise_sass(path, top):
     print(f"{path}: {len(rows)} instructions, {total:.0f} samples; "
           + ", ".join(f"{c[6:]} {100 * v / total:.0f}%" for c, v in sorted(by_reason.items(), key=lambda x: -x[1])[:8]))
     for r in sorted(rows, key=lambda r: -number(r[samples]))[:top]:
-        main = sorted(((number(r[c]), c[6:]) for c in reasons), reverse=True)[:3]
+        worst = sorted(((number(r[c]), c[6:]) for c in reasons), reverse=True)[:3]
         print(f"{100 * number(r[samples]) / total:5.2f}%  {r['Address']}  {r['Source'][:64]:64}  "
-              + ", ".join(f"{c} {v:.0f}" for v, c in main if v > 0))
+              + ", ".join(f"{c} {v:.0f}" for v, c in worst if v > 0))
 
 
 def main():
