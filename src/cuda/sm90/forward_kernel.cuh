@@ -495,7 +495,8 @@ struct Consumer {
   // A tile without keys: zeros and lse = -inf (or such partials when the keys are split), written
   // without staging (its Q's tile was never loaded) and without O's registers: they may hold the
   // previous tile's, and ptxas, which cannot tell that no wgmma is in flight here, would
-  // serialise every wgmma of the kernel for a write to them.
+  // serialise every wgmma of the kernel for a write to them. Its chunk loop stays apart from
+  // finish's: one loop for both, given each chunk's value, made a d = 64 kernel spill 24 bytes.
   __device__ void finish_keyless(const ForwardTile& t) const {
     const int wg_row = 64 * wg, row0 = t.m0 + wg_row + 16 * ((int(threadIdx.x) % 128) / 32);
     const float lse[2] = {-INFINITY, -INFINITY};
