@@ -360,11 +360,11 @@ __device__ __forceinline__ void to_score_gradients(const float (&pt)[kTiles][4],
 }
 
 // A consumer's fp32 dQ accumulators (kCols columns) into its shared boxes at `tile`, once its
-// producer thread's TMA has read the previous ones (`handed`: tiles handed over before); then
-// every thread announces its part.
+// producer thread's TMA has read the previous ones (`handed`: tiles handed over before). The
+// caller announces the tile (announce_dq_tile) after a proxy fence, which it may share.
 template <typename DqTile, int kCols, int kStages>
-__device__ __forceinline__ void hand_over_dq_tile(const float (&dq)[kCols / 8][4], uint32_t tile,
-                                                  const BackwardBarriers<kStages>& bars, int wg, int handed) {
+__device__ __forceinline__ void store_dq_tile(const float (&dq)[kCols / 8][4], uint32_t tile,
+                                              const BackwardBarriers<kStages>& bars, int wg, int handed) {
   mbarrier_wait(bars.dq_empty(wg), (uint32_t(handed) & 1u) ^ 1u);
   const int lane = threadIdx.x % 32, row = 16 * ((threadIdx.x % 128) / 32) + lane / 4;
   const bool swapped = dq_store_group(0, lane) != 0;  // stores group j ^ 2 in pass j: no bank conflicts
@@ -378,8 +378,18 @@ __device__ __forceinline__ void hand_over_dq_tile(const float (&dq)[kCols / 8][4
       asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(tile + DqTile::offset(row + 8 * half, col)), "f"(x),
                    "f"(y));
     }
-  fence_async_shared();                // the writes, before TMA reads them
-  mbarrier_arrive(bars.dq_full(wg));  // every thread: its part of the tile is written
+}
+// Every thread, after a proxy fence that follows its stores: its part of the tile is written.
+template <int kStages>
+__device__ __forceinline__ void announce_dq_tile(const BackwardBarriers<kStages>& bars, int wg) {
+  mbarrier_arrive(bars.dq_full(wg));
+}
+template <typename DqTile, int kCols, int kStages>
+__device__ __forceinline__ void hand_over_dq_tile(const float (&dq)[kCols / 8][4], uint32_t tile,
+                                                  const BackwardBarriers<kStages>& bars, int wg, int handed) {
+  store_dq_tile<DqTile, kCols>(dq, tile, bars, wg, handed);
+  fence_async_shared();  // the writes, before TMA reads them
+  announce_dq_tile(bars, wg);
 }
 
 // dK = scale * dK and dV of a consumer's keys key(half) (those below keys_valid) and columns
@@ -550,19 +560,21 @@ struct BackwardConsumer {
     // need not run in step), and dS^T of step s is written after it, when the other consumer's dQ
     // of step s - 2 (the buffer's last reader) is done: it finished that before it announced its
     // dS^T of step s - 1.
+    // The dQ tile's stores and dS^T's share one proxy fence (each waits for the warp's stores).
     if (s > 0) {
       float dq[C::kDqCols / 8][4];
       issue_dq(dq, s - 1);
       pass_turn();
       finish_step(slot.stage);
       fence_registers(flat<C::kDqCols>(dq));
-      hand_over_dq(dq, s - 1);
+      store_dq_tile<typename C::DqTile, C::kDqCols>(dq, dq_tile(), bars, wg, s - 1);
     } else {
       pass_turn();
       finish_step(slot.stage);
     }
     store_ds(da, ds_tile(s % 2));
     fence_async_shared();
+    if (s > 0) announce_dq_tile(bars, wg);
     named_barrier_arrive(kDsWrittenBarrier + 2 * (s % 2) + wg, 256);
   }
 
@@ -601,9 +613,10 @@ struct BackwardConsumer {
     hand_over_dq(dq, s);
   }
 
-  // The dQ tile of step s to this warpgroup's shared boxes.
+  // This warpgroup's shared dQ boxes; the dQ tile of step s handed over through them.
+  __device__ uint32_t dq_tile() const { return smem + C::kDqOffset + wg * C::DqTile::kBytes; }
   __device__ void hand_over_dq(const float (&dq)[C::kDqCols / 8][4], int s) const {
-    hand_over_dq_tile<typename C::DqTile, C::kDqCols>(dq, smem + C::kDqOffset + wg * C::DqTile::kBytes, bars, wg, s);
+    hand_over_dq_tile<typename C::DqTile, C::kDqCols>(dq, dq_tile(), bars, wg, s);
   }
 
   // This thread's dS^T values (A-fragment words) into the [key][query] tile.
