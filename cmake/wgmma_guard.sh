@@ -2,8 +2,9 @@
 # Compiler launcher of the sm_90a kernels: runs the compile command and fails it when ptxas
 # reports that it serialised a kernel's wgmma instructions (C7514 / C7515: a non-wgmma
 # instruction reads or writes an accumulator register while ptxas cannot prove its wgmma group
-# retired). Such a kernel is correct but waits for every product before issuing the next, which
-# costs a quarter to a third of its speed.
+# retired; C7520: a branch ptxas cannot tell uniform lies between wgmma). Such a kernel is
+# correct but waits for every product before issuing the next, which costs a quarter to a third
+# of its speed.
 log=$(mktemp) || exit 1
 "$@" 2> "$log"
 status=$?
