@@ -1,18 +1,21 @@
 """Benchmarks several builds of flashattn in one run on one GPU, side by side.
 
-    python bench/compare_builds.py OUT SOURCE [SOURCE ...] [--head-dims 64,128] [--full] [--tests | --check]
+    python bench/compare_builds.py OUT SOURCE [SOURCE ...] [--head-dims 64,128] [--full | --seqlens N,...]
+        [--forward-only] [--no-sm80] [--rounds R] [--tests | --check]
 
 Each SOURCE is a source tree (a folder with CMakeLists.txt) or a git ref of this repository,
 exported with `git archive`. All are built at once into OUT/<name>/build (the head dims measured;
 CUDA architectures from FLASHATTN_CUDA_ARCHS, default 90; with --tests the CUDA test binary too,
 OUT/<name>/build/tests/cuda/flashattn_cuda_tests; with --check that binary also runs, whole and
-under compute-sanitizer memcheck, racecheck and synccheck on a subset, before the benchmarks,
-and a line per build says how each check went), then measured one after the other with
-bench/bench_cuda.py (--quick unless --full);
-the tables land in OUT/<name>/bench.md and a side-by-side table of the forward, backward and
-deterministic backward of every build, with cuDNN's from the first build's run, is printed at the
-end. Kernel variants are compared within one run of one machine, as the figures of
-docs/performance.md are.
+under compute-sanitizer memcheck, racecheck and synccheck on a subset, the builds' checks side by
+side, before the benchmarks, and a line per build says how each check went), then measured one
+after the other with bench/bench_cuda.py (--quick unless --full or --seqlens; --forward-only and
+--no-sm80 passed on). --rounds R measures them R times, round after round (A B A B rather than
+A A B B, so that a drift of the machine's clocks falls on every build alike). The tables land in
+OUT/<name>/bench-<round>.md and a side-by-side table of the forward, backward and deterministic
+backward of every build, averaged over the rounds, with cuDNN's from the first build's runs and
+each later build's gain over the first, is printed at the end. Kernel variants are compared
+within one run of one machine, as the figures of docs/performance.md are.
 """
 import argparse
 import concurrent.futures
@@ -81,12 +84,59 @@ def check(folder, log):
     return ", ".join(verdicts)
 
 
+def measured(x):
+    return x is not None and x == x  # neither missing nor NaN
+
+
+def average_rounds(rounds):
+    """{(d, n, causal): row} with every figure the mean of the rounds that measured it."""
+    averaged = {}
+    for key, first in rounds[0].items():
+        row = dict(first)
+        for field, value in first.items():
+            if isinstance(value, float):
+                values = [r[key][field] for r in rounds if key in r and measured(r[key].get(field))]
+                row[field] = sum(values) / len(values) if values else float("nan")
+        averaged[key] = row
+    return averaged
+
+
+def side_by_side(results):
+    """Markdown table of [(name, {(d, n, causal): row})]: the references from the first build's
+    runs, every build's figures, and each later build's gain over the first."""
+    num = lambda x: f"{x:.0f}" if measured(x) else "-"
+    # The kernels the library picks (ours), and the mma.sync ones where the machine has sm_90a ones.
+    columns = [c for c in ("ours_fwd", "ours_bwd", "ours_bwd_det", "sm80_fwd", "sm80_bwd")
+               if any(measured(r.get(c)) for _, rows in results for r in rows.values())]
+    label = lambda c: c.replace("ours_", "").replace("_", " ")
+    head = ["d", "N", "causal", "cuDNN fwd", "cuDNN bwd", "FLASH fwd", "FLASH bwd"]
+    head += [f"{name} {label(c)}" for name, _ in results for c in columns]
+    head += [f"{name}/{results[0][0]} {label(c)}" for name, _ in results[1:] for c in columns]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for key, first in results[0][1].items():
+        d, n, causal = key
+        cells = [str(d), str(n), "yes" if causal else "no"]
+        cells += [num(first.get(c)) for c in ("cudnn_fwd", "cudnn_bwd", "flash_fwd", "flash_bwd")]
+        for _, rows in results:
+            cells += [num(rows.get(key, {}).get(c)) for c in columns]
+        for _, rows in results[1:]:
+            for c in columns:
+                a, b = first.get(c), rows.get(key, {}).get(c)
+                cells.append(f"{100 * (b / a - 1):+.1f}%" if measured(a) and measured(b) and a else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out")
     ap.add_argument("sources", nargs="+")
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--full", action="store_true", help="every N of bench_cuda.py, not --quick")
+    ap.add_argument("--seqlens", help="comma-separated N for bench_cuda.py instead of --quick")
+    ap.add_argument("--forward-only", action="store_true", help="skip the backward measurements")
+    ap.add_argument("--no-sm80", action="store_true", help="skip the mma.sync kernels' measurements")
+    ap.add_argument("--rounds", type=int, default=1, help="measure every build this many times, interleaved")
     ap.add_argument("--tests", action="store_true", help="build each source's CUDA test binary too")
     ap.add_argument("--check", action="store_true",
                     help="build and run each source's CUDA tests, and memcheck, racecheck and synccheck on a subset")
@@ -106,51 +156,41 @@ def main():
     with concurrent.futures.ThreadPoolExecutor(len(trees)) as pool:
         built = list(pool.map(build_tree, trees, folders))
 
-    if args.check:  # one build at a time: the GPU is not shared with a benchmark
-        for (name, _), folder, ok in zip(trees, folders, built):
-            if ok:
-                print(f"{name}: {check(folder, os.path.join(folder, 'check.txt'))} (log: {folder}/check.txt)",
-                      file=sys.stderr)
+    if args.check:  # the builds side by side (correctness only), all before any benchmark
+        checked = [(name, folder) for (name, _), folder, ok in zip(trees, folders, built) if ok]
+        with concurrent.futures.ThreadPoolExecutor(max(1, len(checked))) as pool:
+            verdicts = list(pool.map(lambda c: check(c[1], os.path.join(c[1], "check.txt")), checked))
+        for (name, folder), verdict in zip(checked, verdicts):
+            print(f"{name}: {verdict} (log: {folder}/check.txt)", file=sys.stderr)
 
-    results = []  # (name, {(d, n, causal): row})
-    for (name, _), folder, ok in zip(trees, folders, built):
-        log = os.path.join(folder, "log.txt")
-        library = os.path.join(folder, "build", "libflashattn.so")
+    bench_options = ["--head-dims", args.head_dims]
+    if args.seqlens:
+        bench_options += ["--seqlens", args.seqlens]
+    elif not args.full:
+        bench_options.append("--quick")
+    bench_options += [flag for flag, on in (("--forward-only", args.forward_only), ("--no-sm80", args.no_sm80)) if on]
+    runs = {name: [] for (name, _), ok in zip(trees, built) if ok}  # name -> [{(d, n, causal): row}] per round
+    for (name, _), ok in zip(trees, built):
         if not ok:
-            print(f"{name}: build failed, see {log}", file=sys.stderr)
-            continue
-        jsonl = os.path.join(folder, "bench.jsonl")
-        bench = [sys.executable, os.path.join(ROOT, "bench", "bench_cuda.py"), "--library", library,
-                 "--head-dims", args.head_dims, "--markdown", os.path.join(folder, "bench.md"), "--jsonl", jsonl]
-        if not args.full:
-            bench.append("--quick")
-        if not run(bench, log):
-            print(f"{name}: benchmark failed, see {log}", file=sys.stderr)
-            continue
-        rows = [json.loads(line) for line in open(jsonl)]
-        results.append((name, {(r["d"], r["n"], r["causal"]): r for r in rows}))
-        print(f"{name}: measured", file=sys.stderr)
+            print(f"{name}: build failed, see {os.path.join(args.out, name, 'log.txt')}", file=sys.stderr)
+    for round_ in range(1, args.rounds + 1):
+        for (name, _), folder, ok in zip(trees, folders, built):
+            if not ok:
+                continue
+            log, jsonl = os.path.join(folder, "log.txt"), os.path.join(folder, f"bench-{round_}.jsonl")
+            bench = [sys.executable, os.path.join(ROOT, "bench", "bench_cuda.py"), "--library",
+                     os.path.join(folder, "build", "libflashattn.so"), *bench_options,
+                     "--markdown", os.path.join(folder, f"bench-{round_}.md"), "--jsonl", jsonl]
+            if not run(bench, log):
+                print(f"{name}: benchmark failed in round {round_}, see {log}", file=sys.stderr)
+                continue
+            runs[name].append({(r["d"], r["n"], r["causal"]): r for r in map(json.loads, open(jsonl))})
+            print(f"{name}: measured (round {round_})", file=sys.stderr)
+    results = [(name, average_rounds(rounds)) for name, rounds in runs.items() if rounds]
 
     if not results:
         sys.exit(1)
-    measured = lambda x: x is not None and x == x  # neither missing nor NaN
-    num = lambda x: f"{x:.0f}" if measured(x) else "-"
-    # The kernels the library picks (ours), and the mma.sync ones where the machine has sm_90a ones.
-    columns = ["ours_fwd", "ours_bwd", "ours_bwd_det"]
-    if any(measured(r.get("sm80_fwd")) for _, rows in results for r in rows.values()):
-        columns += ["sm80_fwd", "sm80_bwd"]
-    head = "| d | N | causal | cuDNN fwd | cuDNN bwd | FLASH fwd | FLASH bwd | " + " | ".join(
-        f"{name} {c.replace('ours_', '').replace('_', ' ')}" for name, _ in results for c in columns) + " |"
-    print(head)
-    print("|" + "---|" * (7 + len(columns) * len(results)))
-    for key, first in results[0][1].items():
-        d, n, causal = key
-        cells = [str(d), str(n), "yes" if causal else "no"] + [
-            num(first[c]) for c in ("cudnn_fwd", "cudnn_bwd", "flash_fwd", "flash_bwd")]
-        for _, rows in results:
-            r = rows.get(key)
-            cells += [num(r.get(c)) for c in columns] if r else ["-"] * len(columns)
-        print("| " + " | ".join(cells) + " |")
+    print(side_by_side(results))
 
 
 if __name__ == "__main__":
