@@ -258,12 +258,14 @@ struct Consumer {
     if (threadIdx.x % 32 == 0) mbarrier_arrive(bar);
   }
 
-  __device__ void begin_tile(const ForwardTile& t) {
+  // The tile's rule, first row and diagonals; returns its key blocks.
+  __device__ KeyBlocks begin_tile(const ForwardTile& t) {
     rule = ScoreRule::make(p, t.seq, t.b, t.h);
     m0 = t.m0;
     const int lane_row = m0 + 64 * wg + 16 * ((int(threadIdx.x) % 128) / 32) + (int(threadIdx.x) % 32) / 4;
     diag[0] = int(rule.window.diagonal(lane_row));
     diag[1] = int(rule.window.diagonal(lane_row + 8));
+    return KeyBlocks::of(rule, t.seq, t.m0, C::kM, C::kN, p.num_splits, t.split);
   }
   __device__ void reset_rows() {
 #pragma unroll
@@ -399,14 +401,13 @@ struct Consumer {
       if (index >= TileOrder::of(p, C::kM).total) break;
       const ForwardTile t = TileOrder::of(p, C::kM).tile(p, index, C::kM);
       if (t.m0 >= t.seq.seqlen_q) continue;
-      begin_tile(t);  // the current tile's epilogue needs none of the rule's state
-      const KeyBlocks blocks = KeyBlocks::of(rule, t.seq, t.m0, C::kM, C::kN, p.num_splits, t.split);
+      const KeyBlocks blocks = begin_tile(t);  // the current tile's epilogue needs none of the rule's state
       // Without keys there is no product to overlap; the score-transform kernel and the tall
       // tiles' three consumers (160 registers each) finish the current tile first as well: the
       // rule's extra terms, or the next tile's S beside O, P and the epilogue would spill.
       const bool overlap = !kGeneral && !kTall && blocks.begin < blocks.end;
       if (current >= 0 && !overlap) {
-        finish_current<0>(current, ring, pa);
+        finish_current(current, ring, pa);
         current = -1;
       }
       if (blocks.begin >= blocks.end) {
@@ -428,13 +429,12 @@ struct Consumer {
       ring += blocks.end - blocks.begin;
       ++q_loads;
     }
-    if (current >= 0) finish_current<0>(current, ring, pa);
+    if (current >= 0) finish_current(current, ring, pa);
     if (wg == 0) take_turn();  // the last consumer's final pass
   }
   // The current tile's last O += P V (its V at ring position ring - 1), then its epilogue.
-  template <int kGroupsLeft>
   __device__ void finish_current(int index, int ring, uint32_t (&pa)[kN / 16][4]) {
-    finish_tile<kGroupsLeft>(index, issue_last(ring - 1, pa, true));
+    finish_tile<0>(index, issue_last(ring - 1, pa, true));
   }
   // The epilogue of tile `index` once its last O += P V (V in stage `v_stage`) is done
   // (kGroupsLeft: younger wgmma groups that may stay in flight).
@@ -528,8 +528,7 @@ __device__ void consume(const KernelParams& p, uint32_t smem, int wg) {
     const TileOrder order = TileOrder::of(p, C::kM);
     const ForwardTile t = order.tile(p, int(blockIdx.x), C::kM);
     if (t.m0 >= t.seq.seqlen_q) return;
-    consumer.begin_tile(t);
-    const KeyBlocks blocks = KeyBlocks::of(consumer.rule, t.seq, t.m0, C::kM, C::kN, p.num_splits, t.split);
+    const KeyBlocks blocks = consumer.begin_tile(t);
     if (blocks.begin >= blocks.end) {
       consumer.finish_keyless(t);
     } else {
