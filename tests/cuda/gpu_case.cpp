@@ -54,6 +54,10 @@ void GpuCase::poison_gradients() {
   upload(dv_);
 }
 
+void GpuCase::upload_inputs() {
+  for (Mirror* m : {&q_, &k_, &v_, &dout_}) upload(*m);
+}
+
 void GpuCase::download(Mirror& m) {
   cuda_check(cudaMemcpy(m.host->data(), m.device->get(), m.host->storage_bytes(), cudaMemcpyDeviceToHost),
              "download");

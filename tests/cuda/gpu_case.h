@@ -27,6 +27,8 @@ class GpuCase {
   // Poison again, on the device too, so that a repeated pass must write every element anew.
   void poison_forward_outputs();
   void poison_gradients();
+  // Copies q, k, v and dout over again, after a test has changed them in `host`.
+  void upload_inputs();
 
  private:
   struct Mirror {
