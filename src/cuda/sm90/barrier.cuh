@@ -47,6 +47,18 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// Named barrier `id` over `threads` threads that also returns whether any of them passed true:
+// the same value in every thread, so a branch on it keeps them together.
+__device__ __forceinline__ bool named_barrier_any(int id, int threads, bool value) {
+  uint32_t any;
+  asm volatile(
+      "{\n .reg .pred in, out;\n setp.ne.u32 in, %1, 0;\n bar.red.or.pred out, %2, %3, in;\n"
+      " selp.u32 %0, 1, 0, out;\n}\n"
+      : "=r"(any)
+      : "r"(uint32_t(value)), "r"(id), "r"(threads)
+      : "memory");
+  return any != 0;
+}
 
 // Register reallocation between warpgroups (every warp of the warpgroup must execute it).
 template <int kRegisters>

@@ -70,8 +70,9 @@ struct ForwardConfig {
   static_assert(128 * kProducerRegisters + 128 * kConsumers * kConsumerRegisters <= kThreads * (65536 / kThreads / 8 * 8),
                 "setmaxnreg moves registers inside the block's launch allocation");
   static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups");
-  // Named barriers: 1 + c is consumer c's turn to issue GEMMs, 1 + kConsumers + c its epilogue.
-  static constexpr int kTurnBarrier = 1, kEpilogueBarrier = 1 + kConsumers;
+  // Named barriers: 1 + c is consumer c's turn to issue GEMMs, 1 + kConsumers + c its epilogue,
+  // 1 + 2 kConsumers + c its vote on O's rescale.
+  static constexpr int kTurnBarrier = 1, kEpilogueBarrier = 1 + kConsumers, kRescaleBarrier = 1 + 2 * kConsumers;
 };
 
 // The mbarriers of the ring, in the order they sit in shared memory.
@@ -224,9 +225,13 @@ template <typename T, int kD, bool kTall, bool kGeneral>
 struct Consumer {
   using C = ForwardConfig<T, kD, kTall>;
   static constexpr int kN = C::kN;
-  // Lazy rescaling (forward_detail::kLazyRescale); not in the score-transform kernel, whose
-  // registers it would overflow at d = 256.
-  static constexpr bool kLazy = forward_detail::kLazyRescale<kD> && !kGeneral;
+  // Lazy rescaling (forward_detail::kLazyGrowthLog2) from d = 128, where the rescale it skips no
+  // longer hides among the exponentials (wait_output_rescaled orders them apart); not in the
+  // score-transform kernel, whose registers it would overflow at d = 256.
+  static constexpr bool kLazy = kD >= 128 && !kGeneral;
+  // From d = 128 the wait for P V is kept after the softmax (wait_output_rescaled); at d = 64 the
+  // warpgroup's vote costs more than the overlap gains.
+  static constexpr bool kOrdered = kD >= 128;
   using Elem = typename T::storage;
 
   const KernelParams& p;
@@ -298,6 +303,24 @@ struct Consumer {
     forward_detail::exponentiate_scores<kLazy>(s, row_max, row_sum, kGeneral ? 1.f : rule.exp_scale, correction);
   }
 
+  // Waits for this warpgroup's P V, then O *= correction (skipped when it is 1 in every row of
+  // the warpgroup). The branch keeps the wait after the softmax before it: in one basic block with
+  // the softmax, ptxas hoists the wait to the softmax's start (to interleave the rescale with the
+  // exponentials), and the softmax no longer overlaps the P V. The vote is the warpgroup's, so
+  // that its four warps run the same wait instruction (wgmma.wait_group is warpgroup-aligned),
+  // read through a vote so that ptxas knows the branch uniform (else it serialises every wgmma).
+  __device__ void wait_output_rescaled(const float (&correction)[2]) {
+    const bool moved = correction[0] != 1.f || correction[1] != 1.f;
+    if (__any_sync(0xffffffffu, named_barrier_any(C::kRescaleBarrier + wg, 128, moved))) {
+      wgmma_wait<0>();
+      fence_registers(flat<kD>(o));
+      forward_detail::rescale_output<false>(o, correction);
+    } else {
+      wgmma_wait<0>();
+      fence_registers(flat<kD>(o));
+    }
+  }
+
   static __device__ void to_operand(float (&s)[kN / 8][4], uint32_t (&pa)[kN / 16][4]) {
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) accumulators_to_a<T>(s[2 * kk], s[2 * kk + 1], pa[kk]);
@@ -341,10 +364,14 @@ struct Consumer {
       fence_registers(flat<kN>(s));
       release(bars.k_empty(k_slot.stage));
       softmax(s, n, correction);
-      wgmma_wait<0>();
-      fence_registers(flat<kD>(o));
+      if constexpr (kOrdered) {
+        wait_output_rescaled(correction);
+      } else {
+        wgmma_wait<0>();
+        fence_registers(flat<kD>(o));
+        forward_detail::rescale_output<kLazy>(o, correction);
+      }
       release(bars.v_empty(v_slot.stage));
-      forward_detail::rescale_output<kLazy>(o, correction);
       to_operand(s, pa);
     }
     return i;
