@@ -116,12 +116,13 @@ __device__ __forceinline__ void apply_mask(float (&s)[kTiles][4], const semantic
   apply_mask_at(s, window, diag, j0);
 }
 
-// Lazy rescaling (kLazy, for head dims above 128, where a thread's output accumulators outnumber
-// its scores at least twice): the running row maximum moves only when a key block's maximum
-// exceeds it by more than 2^8 after the scale. Probabilities then stay below 2^8, which fp32 sums
-// and 16-bit P hold as precisely as values below 1; most key blocks leave the maximum, and so O,
-// as they are (correction 1, rescale_output skipped); the sums and lse refer to the maximum kept,
-// so the result is the same. Below d = 128 the test costs about what it saves.
+// Lazy rescaling (kLazy: the sm80 forward's above d = 128, where a thread's output accumulators
+// outnumber its scores at least twice; the sm90 forward's from d = 128, see its Consumer): the
+// running row maximum moves only when a key block's maximum exceeds it by more than 2^8 after
+// the scale. Probabilities then stay below 2^8, which fp32 sums and 16-bit P hold as precisely
+// as values below 1; most key blocks leave the maximum, and so O, as they are (correction 1,
+// rescale_output skipped); the sums and lse refer to the maximum kept, so the result is the
+// same. In the sm80 forward below d = 128 the test costs about what it saves.
 constexpr float kLazyGrowthLog2 = 8.f;
 
 // Online softmax of a 16-row tile without touching O: new row maxima, the factor by which the
