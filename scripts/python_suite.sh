@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the Python package into a folder of its own and runs its test suite:
+# Builds the Python package into a folder of its own and runs its test suite, and the tests of the
+# benchmark tools (bench/tests):
 #
 #   scripts/python_suite.sh DIR CUDA [CUDA_ARCHS]
 #
@@ -24,4 +25,4 @@ rm -rf "$dir/site"
 defines=(-C "cmake.define.FLASHATTN_CUDA=$cuda")
 [ -n "$archs" ] && defines+=(-C "cmake.define.FLASHATTN_CUDA_ARCHS=$archs")
 "${pip[@]}" --no-build-isolation --no-deps --target "$dir/site" "${defines[@]}" -C "build-dir=$dir/build" "$root"
-PYTHONPATH=$dir/site python3 -m pytest -q "$root/python/tests"
+PYTHONPATH=$dir/site python3 -m pytest -q "$root/python/tests" "$root/bench/tests"

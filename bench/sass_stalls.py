@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Static issue cost of a kernel's SASS, without a GPU: the stall count ptxas writes into each
+instruction's control bits (the cycles the warp waits before it may issue its next instruction:
+fixed latencies, and the issue rate of the slower pipes, e.g. 8 cycles per MUFU.EX2 on sm_90),
+summed over address ranges. The sum is a lower bound of one warp's time through straight-line
+code when nothing else (scoreboards, barriers, the other warps) holds it up; comparing it between
+two builds of a kernel tells whether a change can shorten a loop before any GPU time is spent.
+
+  python3 bench/sass_stalls.py FILE --function REGEX [--grep PATTERN]
+  python3 bench/sass_stalls.py FILE --function REGEX --range 0xb430:0xe390 [--skip 0xbca0:0xcaa0 ...] [--list]
+
+FILE is an object, cubin or executable (disassembled with `cuobjdump -sass`: from $CUOBJDUMP, the
+PATH or $CUDA_HOME/bin) or a text file of cuobjdump's output. --grep prints the addresses of the
+matching instructions (to find a loop's bounds); --range sums [start, end), leaving out the
+--skip ranges (branches the case at hand does not take); --list prints every instruction with
+its stall count. Control bits as on sm_70 to sm_90: stall in bits 41-44 of each instruction's
+second 64-bit word, then yield, the write and read barrier indices and the wait mask.
+"""
+import argparse
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;\s*/\* (0x[0-9a-f]{16}) \*/")
+CONTROL_WORD = re.compile(r"^\s*/\* (0x[0-9a-f]{16}) \*/\s*$")
+FUNCTION = re.compile(r"Function : (\S+)")
+
+
+def control_fields(word):
+    """The scheduling fields of an instruction's second 64-bit word."""
+    return {
+        "stall": (word >> 41) & 0xF,
+        "yield": (word >> 45) & 0x1,
+        "write_barrier": (word >> 46) & 0x7,
+        "read_barrier": (word >> 49) & 0x7,
+        "wait_mask": (word >> 52) & 0x3F,
+    }
+
+
+def parse(text):
+    """{function name: [(address, instruction text, stall)]} of cuobjdump -sass output."""
+    functions, current, pending = {}, None, None
+    for line in text.splitlines():
+        name = FUNCTION.search(line)
+        if name:
+            current = functions.setdefault(name.group(1), [])
+            continue
+        m = INSTRUCTION.search(line)
+        if m and current is not None:
+            pending = (int(m.group(1), 16), m.group(2))
+            continue
+        c = CONTROL_WORD.match(line)
+        if c and pending is not None:
+            current.append((pending[0], pending[1], control_fields(int(c.group(1), 16))["stall"]))
+            pending = None
+    return functions
+
+
+def opcode(text):
+    """The mnemonic of an instruction, its predicate left out."""
+    words = text.split()
+    return words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
+
+
+def summarize(instructions, start, end, skips=()):
+    """(instructions, stall cycles, {opcode: stall cycles}) over [start, end) outside the skips."""
+    kept = [i for i in instructions
+            if start <= i[0] < end and not any(a <= i[0] < b for a, b in skips)]
+    by_opcode = collections.Counter()
+    for _, text, stall in kept:
+        by_opcode[opcode(text)] += stall
+    return len(kept), sum(i[2] for i in kept), by_opcode
+
+
+def address_range(text):
+    start, end = text.split(":")
+    return int(start, 16), int(end, 16)
+
+
+def disassemble(path):
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    if b"\0" not in head:  # already cuobjdump's text
+        with open(path) as f:
+            return f.read()
+    tool = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
+    if not tool and os.environ.get("CUDA_HOME"):
+        tool = os.path.join(os.environ["CUDA_HOME"], "bin", "cuobjdump")
+    if not tool or not os.path.exists(tool):
+        sys.exit("sass_stalls.py: cuobjdump not found (set CUOBJDUMP, or put it on the PATH)")
+    return subprocess.run([tool, "-sass", path], capture_output=True, text=True, check=True).stdout
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("file")
+    ap.add_argument("--function", required=True, help="regular expression for the (mangled) kernel name")
+    ap.add_argument("--grep", help="print the addresses of the instructions matching this expression")
+    ap.add_argument("--range", type=address_range, help="START:END (hex) to sum over")
+    ap.add_argument("--skip", type=address_range, action="append", default=[], help="START:END to leave out")
+    ap.add_argument("--list", action="store_true", help="print every instruction of the range")
+    args = ap.parse_args()
+
+    functions = parse(disassemble(args.file))
+    names = [n for n in functions if re.search(args.function, n)]
+    if len(names) != 1:
+        sys.exit(f"sass_stalls.py: {len(names)} functions match {args.function!r}: {' '.join(names) or '-'}")
+    instructions = functions[names[0]]
+    if args.grep:
+        for address, text, stall in instructions:
+            if re.search(args.grep, text):
+                print(f"{address:#07x}  {text}")
+    if args.range:
+        start, end = args.range
+        if args.list:
+            for address, text, stall in instructions:
+                if start <= address < end and not any(a <= address < b for a, b in args.skip):
+                    print(f"{address:#07x}  {stall:2d}  {text}")
+        count, stalls, by_opcode = summarize(instructions, start, end, args.skip)
+        print(f"{names[0]} [{start:#x}, {end:#x}): {count} instructions, {stalls} stall cycles")
+        for name, cycles in by_opcode.most_common(12):
+            print(f"  {name:32s} {cycles}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""The benchmark tools' logic that runs without a GPU: the SASS control-bit decoding of
+sass_stalls.py and the round averaging and side-by-side table of compare_builds.py."""
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import compare_builds  # noqa: E402
+import sass_stalls  # noqa: E402
+
+# Two instructions of an sm_90a kernel as cuobjdump prints them: an exponential issuing with
+# stall 1 into scoreboard 0, then an add that waits on scoreboard 3 and stalls 7 (the MUFU rate).
+LISTING = """
+        Function : _Z6kernelv
+        .headerflags    @"EF_CUDA_SM90 EF_CUDA_VIRTUAL_SM(EF_CUDA_SM90)"
+        /*d5c0*/                   MUFU.EX2 R34, R34 ;                                         /* 0x0000002200227308 */
+                                                                                               /* 0x000e220000000800 */
+        /*d5d0*/                   FADD.FTZ R193, R184, R31 ;                                  /* 0x0000001fb8c17221 */
+                                                                                               /* 0x008fce0000010000 */
+        /*d5e0*/              @!P0 BRA 0xd600 ;                                                /* 0x0000000000048947 */
+                                                                                               /* 0x000fea0003800000 */
+"""
+
+
+def test_control_fields_decode_stall_barriers_and_wait_mask():
+    mufu = sass_stalls.control_fields(0x000E220000000800)
+    assert (mufu["stall"], mufu["yield"], mufu["write_barrier"], mufu["read_barrier"], mufu["wait_mask"]) == (1, 1, 0, 7, 0)
+    add = sass_stalls.control_fields(0x008FCE0000010000)
+    assert (add["stall"], add["write_barrier"], add["wait_mask"]) == (7, 7, 0b001000)
+
+
+def test_parse_and_summarize_a_range_with_a_skip():
+    functions = sass_stalls.parse(LISTING)
+    assert list(functions) == ["_Z6kernelv"]
+    instructions = functions["_Z6kernelv"]
+    assert [(a, sass_stalls.opcode(t), s) for a, t, s in instructions] == [
+        (0xD5C0, "MUFU.EX2", 1), (0xD5D0, "FADD.FTZ", 7), (0xD5E0, "BRA", 5)]
+    count, stalls, by_opcode = sass_stalls.summarize(instructions, 0xD5C0, 0xD5F0, [(0xD5D0, 0xD5E0)])
+    assert (count, stalls, dict(by_opcode)) == (2, 6, {"MUFU.EX2": 1, "BRA": 5})
+
+
+def test_rounds_average_what_each_measured():
+    key = (128, 4096, False)
+    first = {key: {"d": 128, "ours_fwd": 600.0, "cudnn_fwd": 610.0, "ours_bwd": float("nan")}}
+    second = {key: {"d": 128, "ours_fwd": 620.0, "cudnn_fwd": 630.0, "ours_bwd": 500.0}}
+    row = compare_builds.average_rounds([first, second])[key]
+    assert row["ours_fwd"] == 610.0 and row["cudnn_fwd"] == 620.0
+    assert row["ours_bwd"] == 500.0  # the round that measured it
+    assert row["d"] == 128  # not a figure: kept as it is
+    alone = compare_builds.average_rounds([{key: {"ours_bwd": float("nan")}}])[key]
+    assert math.isnan(alone["ours_bwd"])
+
+
+def test_side_by_side_gives_each_build_its_gain_over_the_first():
+    key = (128, 4096, True)
+    base = {key: {"ours_fwd": 500.0, "cudnn_fwd": 520.0, "cudnn_bwd": float("nan")}}
+    other = {key: {"ours_fwd": 525.0}}
+    table = compare_builds.side_by_side([("main", base), ("branch", other)]).splitlines()
+    assert table[0] == "| d | N | causal | cuDNN fwd | cuDNN bwd | FLASH fwd | FLASH bwd | main fwd | branch fwd | branch/main fwd |"
+    assert table[2] == "| 128 | 4096 | yes | 520 | - | - | - | 500 | 525 | +5.0% |"
