@@ -4,7 +4,8 @@
         [--forward-only] [--no-sm80] [--rounds R] [--tests | --check]
 
 Each SOURCE is a source tree (a folder with CMakeLists.txt) or a git ref of this repository,
-exported with `git archive`. All are built at once into OUT/<name>/build (the head dims measured;
+exported with `git archive` (this checkout's third_party linked in: GoogleTest's source for the
+tests where the machine has no GoogleTest). All are built at once into OUT/<name>/build (the head dims measured;
 CUDA architectures from FLASHATTN_CUDA_ARCHS, default 90; with --tests the CUDA test binary too,
 OUT/<name>/build/tests/cuda/flashattn_cuda_tests; with --check that binary also runs, whole and
 under compute-sanitizer memcheck, racecheck and synccheck on a subset, the builds' checks side by
@@ -47,6 +48,11 @@ def source_tree(source, out):
     os.makedirs(dest, exist_ok=True)
     archive = subprocess.run(["git", "-C", ROOT, "archive", source], capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
+    # Untracked sources the build takes from this checkout (third_party: GoogleTest's source on
+    # machines without the package, the Python build's wheels).
+    third_party = os.path.join(ROOT, "third_party")
+    if os.path.isdir(third_party) and not os.path.exists(os.path.join(dest, "third_party")):
+        os.symlink(third_party, os.path.join(dest, "third_party"))
     return name, dest
 
 
