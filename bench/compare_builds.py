@@ -1,22 +1,25 @@
 """Benchmarks several builds of flashattn in one run on one GPU, side by side.
 
     python bench/compare_builds.py OUT SOURCE [SOURCE ...] [--head-dims 64,128] [--full | --seqlens N,...]
-        [--forward-only] [--no-sm80] [--rounds R] [--tests | --check]
+        [--forward-only] [--no-sm80] [--rounds R] [--tests | --check] [--check-first]
 
 Each SOURCE is a source tree (a folder with CMakeLists.txt) or a git ref of this repository,
 exported with `git archive` (this checkout's third_party linked in: GoogleTest's source for the
-tests where the machine has no GoogleTest). All are built at once into OUT/<name>/build (the head dims measured;
-CUDA architectures from FLASHATTN_CUDA_ARCHS, default 90; with --tests the CUDA test binary too,
-OUT/<name>/build/tests/cuda/flashattn_cuda_tests; with --check that binary also runs, whole and
-under compute-sanitizer memcheck, racecheck and synccheck on a subset, the builds' checks side by
-side, before the benchmarks, and a line per build says how each check went), then measured one
-after the other with bench/bench_cuda.py (--quick unless --full or --seqlens; --forward-only and
---no-sm80 passed on). --rounds R measures them R times, round after round (A B A B rather than
-A A B B, so that a drift of the machine's clocks falls on every build alike). The tables land in
-OUT/<name>/bench-<round>.md and a side-by-side table of the forward, backward and deterministic
-backward of every build, averaged over the rounds, with cuDNN's from the first build's runs and
-each later build's gain over the first, is printed at the end. Kernel variants are compared
-within one run of one machine, as the figures of docs/performance.md are.
+tests where the machine has no GoogleTest). All are built at once into OUT/<name>/build (the
+head dims measured; CUDA architectures from FLASHATTN_CUDA_ARCHS, default 90; with --tests the
+CUDA test binary too, OUT/<name>/build/tests/cuda/flashattn_cuda_tests; with --check that binary
+also runs, whole and under compute-sanitizer memcheck, racecheck and synccheck on a subset, the
+builds' checks side by side, before the benchmarks, and a line per build says how each check
+went). The first SOURCE is the reference the others are measured against, as a rule the landed
+code, which passed its checks when it landed: --tests and --check leave it out unless
+--check-first. Then the builds are measured one after the other with bench/bench_cuda.py
+(--quick unless --full or --seqlens; --forward-only and --no-sm80 passed on). --rounds R
+measures them R times, round after round (A B A B rather than A A B B, so that a drift of the
+machine's clocks falls on every build alike). The tables land in OUT/<name>/bench-<round>.md and
+a side-by-side table of the forward, backward and deterministic backward of every build,
+averaged over the rounds, with cuDNN's from the first build's runs and each later build's gain
+over the first, is printed at the end. Kernel variants are compared within one run of one
+machine, as the figures of docs/performance.md are.
 """
 import argparse
 import concurrent.futures
@@ -90,6 +93,12 @@ def check(folder, log):
     return ", ".join(verdicts)
 
 
+def tested_sources(count, tests, check_first):
+    """Which of `count` sources get their tests built (and, with --check, run): all but the
+    first, the reference, unless check_first."""
+    return [tests and (i > 0 or check_first) for i in range(count)]
+
+
 def measured(x):
     return x is not None and x == x  # neither missing nor NaN
 
@@ -143,9 +152,11 @@ def main():
     ap.add_argument("--forward-only", action="store_true", help="skip the backward measurements")
     ap.add_argument("--no-sm80", action="store_true", help="skip the mma.sync kernels' measurements")
     ap.add_argument("--rounds", type=int, default=1, help="measure every build this many times, interleaved")
-    ap.add_argument("--tests", action="store_true", help="build each source's CUDA test binary too")
+    ap.add_argument("--tests", action="store_true",
+                    help="build each source's CUDA test binary too (the first's with --check-first)")
     ap.add_argument("--check", action="store_true",
                     help="build and run each source's CUDA tests, and memcheck, racecheck and synccheck on a subset")
+    ap.add_argument("--check-first", action="store_true", help="--tests and --check the first source too")
     args = ap.parse_args()
     args.tests = args.tests or args.check
     os.makedirs(args.out, exist_ok=True)
@@ -154,16 +165,18 @@ def main():
     folders = [os.path.join(args.out, name) for name, _ in trees]
     jobs = max(2, (os.cpu_count() or 2) // len(trees))
 
-    def build_tree(tree, folder):
+    tested = tested_sources(len(trees), args.tests, args.check_first)
+
+    def build_tree(tree, folder, tests):
         os.makedirs(folder, exist_ok=True)
-        return build(tree[1], os.path.join(folder, "build"), args.head_dims, args.tests, jobs,
+        return build(tree[1], os.path.join(folder, "build"), args.head_dims, tests, jobs,
                      os.path.join(folder, "log.txt"))
 
     with concurrent.futures.ThreadPoolExecutor(len(trees)) as pool:
-        built = list(pool.map(build_tree, trees, folders))
+        built = list(pool.map(build_tree, trees, folders, tested))
 
     if args.check:  # the builds side by side (correctness only), all before any benchmark
-        checked = [(name, folder) for (name, _), folder, ok in zip(trees, folders, built) if ok]
+        checked = [(name, folder) for (name, _), folder, ok, t in zip(trees, folders, built, tested) if ok and t]
         with concurrent.futures.ThreadPoolExecutor(max(1, len(checked))) as pool:
             verdicts = list(pool.map(lambda c: check(c[1], os.path.join(c[1], "check.txt")), checked))
         for (name, folder), verdict in zip(checked, verdicts):

@@ -59,3 +59,9 @@ def test_side_by_side_gives_each_build_its_gain_over_the_first():
     table = compare_builds.side_by_side([("main", base), ("branch", other)]).splitlines()
     assert table[0] == "| d | N | causal | cuDNN fwd | cuDNN bwd | FLASH fwd | FLASH bwd | main fwd | branch fwd | branch/main fwd |"
     assert table[2] == "| 128 | 4096 | yes | 520 | - | - | - | 500 | 525 | +5.0% |"
+
+
+def test_tests_and_checks_leave_the_reference_out_unless_asked():
+    assert compare_builds.tested_sources(3, True, False) == [False, True, True]
+    assert compare_builds.tested_sources(3, True, True) == [True, True, True]
+    assert compare_builds.tested_sources(2, False, True) == [False, False]
