@@ -6,10 +6,11 @@
 // stage guarded by a `full` mbarrier (bytes landed) and an `empty` one (consumers done). Each
 // consumer warpgroup owns 64 query rows: S = Q K^T with both operands in shared memory, the
 // online softmax in registers, O += P V with P straight from the score registers. Within a
-// warpgroup, the softmax of block n runs while the tensor cores do P V of block n + 1; across the
-// warpgroups, named barriers make them take turns issuing GEMMs (pingpong), so one's softmax
-// hides under the others' matrix work. Key blocks are visited last to first, so only the first
-// ones meet the causal diagonal or the end of the keys.
+// warpgroup, the softmax of block n runs while the tensor cores do P V of block n + 1 (from
+// d = 128, where O is rescaled lazily, the wait for that P V stays after the softmax:
+// wait_output_rescaled); across the warpgroups, named barriers make them take turns issuing
+// GEMMs (pingpong), so one's softmax hides under the others' matrix work. Key blocks are visited
+// last to first, so only the first ones meet the causal diagonal or the end of the keys.
 //
 // Up to d = 128 the grid is persistent (forward_persistent): one block per multiprocessor takes
 // tiles until none is left, the first by its index and the others from a counter (dynamic, so
