@@ -21,6 +21,7 @@ import collections
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -95,6 +96,7 @@ def disassemble(path):
 
 
 def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # quiet when piped into head
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("file")
     ap.add_argument("--function", required=True, help="regular expression for the (mangled) kernel name")
