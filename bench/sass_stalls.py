@@ -66,10 +66,14 @@ def opcode(text):
     return words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
 
 
+def select(instructions, start, end, skips=()):
+    """The instructions in [start, end) outside the skip ranges."""
+    return [i for i in instructions if start <= i[0] < end and not any(a <= i[0] < b for a, b in skips)]
+
+
 def summarize(instructions, start, end, skips=()):
     """(instructions, stall cycles, {opcode: stall cycles}) over [start, end) outside the skips."""
-    kept = [i for i in instructions
-            if start <= i[0] < end and not any(a <= i[0] < b for a, b in skips)]
+    kept = select(instructions, start, end, skips)
     by_opcode = collections.Counter()
     for _, text, stall in kept:
         by_opcode[opcode(text)] += stall
@@ -118,9 +122,8 @@ def main():
     if args.range:
         start, end = args.range
         if args.list:
-            for address, text, stall in instructions:
-                if start <= address < end and not any(a <= address < b for a, b in args.skip):
-                    print(f"{address:#07x}  {stall:2d}  {text}")
+            for address, text, stall in select(instructions, start, end, args.skip):
+                print(f"{address:#07x}  {stall:2d}  {text}")
         count, stalls, by_opcode = summarize(instructions, start, end, args.skip)
         print(f"{names[0]} [{start:#x}, {end:#x}): {count} instructions, {stalls} stall cycles")
         for name, cycles in by_opcode.most_common(12):
