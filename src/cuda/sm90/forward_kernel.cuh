@@ -263,6 +263,13 @@ struct Consumer {
   __device__ static void release(uint32_t bar) {
     if (threadIdx.x % 32 == 0) mbarrier_arrive(bar);
   }
+  // Waits for this warpgroup's P V products (all but the kGroupsLeft youngest wgmma groups) and
+  // orders O's registers after them.
+  template <int kGroupsLeft = 0>
+  __device__ void wait_output() {
+    wgmma_wait<kGroupsLeft>();
+    fence_registers(flat<kD>(o));
+  }
 
   // The tile's rule, first row and diagonals; returns its key blocks.
   __device__ KeyBlocks begin_tile(const ForwardTile& t) {
@@ -313,12 +320,10 @@ struct Consumer {
   __device__ void wait_output_rescaled(const float (&correction)[2]) {
     const bool moved = correction[0] != 1.f || correction[1] != 1.f;
     if (__any_sync(0xffffffffu, named_barrier_any(C::kRescaleBarrier + wg, 128, moved))) {
-      wgmma_wait<0>();
-      fence_registers(flat<kD>(o));
+      wait_output();
       forward_detail::rescale_output<false>(o, correction);
     } else {
-      wgmma_wait<0>();
-      fence_registers(flat<kD>(o));
+      wait_output();
     }
   }
 
@@ -368,8 +373,7 @@ struct Consumer {
       if constexpr (kOrdered) {
         wait_output_rescaled(correction);
       } else {
-        wgmma_wait<0>();
-        fence_registers(flat<kD>(o));
+        wait_output();
         forward_detail::rescale_output<kLazy>(o, correction);
       }
       release(bars.v_empty(v_slot.stage));
@@ -401,8 +405,7 @@ struct Consumer {
     const int i = run_middle(blocks, ring, s, pa, correction);
     // The last consumer passes no turn: consumer 0 takes none after this.
     const int v_stage = issue_last(ring + i, pa, wg != C::kConsumers - 1);
-    wgmma_wait<0>();
-    fence_registers(flat<kD>(o));
+    wait_output();
     release(bars.v_empty(v_stage));
   }
 
@@ -468,8 +471,7 @@ struct Consumer {
   // (kGroupsLeft: younger wgmma groups that may stay in flight).
   template <int kGroupsLeft>
   __device__ void finish_tile(int index, int v_stage) {
-    wgmma_wait<kGroupsLeft>();
-    fence_registers(flat<kD>(o));
+    wait_output<kGroupsLeft>();
     release(bars.v_empty(v_stage));
     finish(TileOrder::of(p, C::kM).tile(p, index, C::kM));
   }
