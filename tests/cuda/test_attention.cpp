@@ -96,30 +96,33 @@ TEST_F(CudaAttentionRuns, ForwardWithoutKeySplitMatchesOracle) {
 }
 
 // Row maxima that grow from key block to key block: keys scaled up along the sequence (growth
-// a lazy rescale may skip, at most 2^8 in the exponentials) and a few keys eight times larger
-// (growth it must not skip). A rescale skipped where a row's maximum moved past the bound, or
-// applied to some rows of a warpgroup and not others, leaves O and lse off.
+// a lazy rescale may skip, at most 2^8 in the exponentials) and a few keys `spike` times larger
+// (growth it must not skip; at 40 beyond 2^128, where exponentials against the old maximum
+// overflow). A rescale skipped where a row's maximum moved past the bound, or applied to some
+// rows of a warpgroup and not others, leaves O and lse off.
 TEST_F(CudaAttentionRuns, ForwardFollowsRowMaximaGrowingAcrossKeyBlocks) {
   for (const int head_dim : {64, 128, 256}) {
-    for (const bool causal : {false, true}) {
-      Case c = dense_case(2, 3, 1000, head_dim, causal);
-      c.seqlen_q = 333;
-      GpuCase g(c);
-      std::string why;
-      if (g.supported(Pass::forward, &why) == FLASHATTN_ERROR_UNSUPPORTED) continue;  // head dim not compiled in
-      HostTensor& k = g.host.k;
-      for (int64_t b = 0; b < k.size(0); ++b)
-        for (int64_t j = 0; j < k.size(1); ++j) {
-          const float growth = (j % 293 == 150 ? 8.f : 1.f) * (1.f + 3.f * float(j) / float(k.size(1)));
-          for (int64_t h = 0; h < k.size(2); ++h)
-            for (int64_t x = 0; x < k.size(3); ++x) k.set({b, j, h, x}, growth * k.at({b, j, h, x}));
-        }
-      g.upload_inputs();
-      ASSERT_EQ(g.forward(), FLASHATTN_SUCCESS) << flashattn_last_error();
-      const Params p = g.host.params(Pass::forward);
-      Check check = check_written(g.host, Pass::forward);
-      check += check_forward(g.host, p, reference::forward(p), reference::naive_forward(p));
-      EXPECT_TRUE(check.ok) << c.describe() << "\n" << check.message;
+    for (const float spike : {8.f, 40.f}) {
+      for (const bool causal : {false, true}) {
+        Case c = dense_case(2, 3, 1000, head_dim, causal);
+        c.seqlen_q = 333;
+        GpuCase g(c);
+        std::string why;
+        if (g.supported(Pass::forward, &why) == FLASHATTN_ERROR_UNSUPPORTED) continue;  // head dim not compiled in
+        HostTensor& k = g.host.k;
+        for (int64_t b = 0; b < k.size(0); ++b)
+          for (int64_t j = 0; j < k.size(1); ++j) {
+            const float growth = (j % 293 == 150 ? spike : 1.f) * (1.f + 3.f * float(j) / float(k.size(1)));
+            for (int64_t h = 0; h < k.size(2); ++h)
+              for (int64_t x = 0; x < k.size(3); ++x) k.set({b, j, h, x}, growth * k.at({b, j, h, x}));
+          }
+        g.upload_inputs();
+        ASSERT_EQ(g.forward(), FLASHATTN_SUCCESS) << flashattn_last_error();
+        const Params p = g.host.params(Pass::forward);
+        Check check = check_written(g.host, Pass::forward);
+        check += check_forward(g.host, p, reference::forward(p), reference::naive_forward(p));
+        EXPECT_TRUE(check.ok) << c.describe() << ", spike " << spike << "\n" << check.message;
+      }
     }
   }
 }

@@ -233,6 +233,9 @@ struct Consumer {
   // From d = 128 the wait for P V is kept after the softmax (wait_output_rescaled); at d = 64 the
   // warpgroup's vote costs more than the overlap gains.
   static constexpr bool kOrdered = kD >= 128;
+  // At d = 64 and 128 the key steps after a tile's first exponentiate speculatively against
+  // the kept row maxima, without working out the block's (speculative_softmax).
+  static constexpr bool kSpeculative = (kD == 64 || kD == 128) && !kGeneral;
   using Elem = typename T::storage;
 
   const KernelParams& p;
@@ -327,6 +330,45 @@ struct Consumer {
     }
   }
 
+  // The block's probabilities against the kept row maxima, without their maximum (the 64 max
+  // instructions and the quad shuffles are a quarter of the softmax): their partial row sums go
+  // to `partial`. Returns whether a row may have outgrown its kept maximum, which then must be
+  // worked out (speculative_fallback): a partial sum above 2^8 (every probability of the fast
+  // path stays at most 2^8, as the lazy rescale allows), not finite (a score beyond 2^128 of the
+  // kept maximum, or NaN), or a row with no maximum yet (its probabilities would lack their
+  // shift).
+  __device__ bool speculative_softmax(float (&s)[kN / 8][4], int n, float (&partial)[2]) {
+    const int64_t j0 = int64_t(n) * kN;
+    if (!rule.block_unmasked(m0 + 64 * wg, 64, j0, kN)) forward_detail::apply_mask_at(s, rule.window, diag, int(j0));
+    bool risky = false;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float shift = row_max[half] * rule.exp_scale;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < kN / 8; ++nt)
+#pragma unroll
+        for (int e = 2 * half; e < 2 * half + 2; ++e) {
+          s[nt][e] = fast_exp2(fmaf(s[nt][e], rule.exp_scale, -shift));
+          sum += s[nt][e];
+        }
+      partial[half] = sum;
+      risky = risky || !(sum <= 256.f) || row_max[half] == -INFINITY;
+    }
+    return risky;
+  }
+  // A key step whose speculative probabilities failed for some row of the warpgroup: S of block
+  // n (K in stage `k_stage`) again, its exact softmax and O's rescale, once P V is done.
+  __device__ void speculative_fallback(float (&s)[kN / 8][4], int n, int k_stage, float (&correction)[2]) {
+    wait_output();
+    wgmma_fence();
+    issue_scores(s, k_stage);
+    wgmma_wait<0>();
+    fence_registers(flat<kN>(s));
+    softmax(s, n, correction);
+    forward_detail::rescale_output<false>(o, correction);
+  }
+
   static __device__ void to_operand(float (&s)[kN / 8][4], uint32_t (&pa)[kN / 16][4]) {
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) accumulators_to_a<T>(s[2 * kk], s[2 * kk + 1], pa[kk]);
@@ -355,32 +397,70 @@ struct Consumer {
   // S of block n beside O += P V of block n + 1, for the blocks after the first; returns how many.
   __device__ int run_middle(KeyBlocks blocks, int ring, float (&s)[kN / 8][4], uint32_t (&pa)[kN / 16][4],
                             float (&correction)[2]) {
-    int i = 0;
-    for (int n = blocks.end - 2; n >= blocks.begin; --n, ++i) {
-      const RingSlot<C::kKStages> k_slot = RingSlot<C::kKStages>::of(ring + i + 1);
-      const RingSlot<C::kVStages> v_slot = RingSlot<C::kVStages>::of(ring + i);
-      mbarrier_wait(bars.k_full(k_slot.stage), k_slot.parity);
-      take_turn();
-      wgmma_fence();
-      issue_scores(s, k_slot.stage);
-      mbarrier_wait(bars.v_full(v_slot.stage), v_slot.parity);
-      issue_output(pa, v_slot.stage);
-      pass_turn();
-      wgmma_wait<1>();
-      fence_registers(flat<kN>(s));
-      release(bars.k_empty(k_slot.stage));
-      softmax(s, n, correction);
-      if constexpr (kOrdered) {
-        wait_output_rescaled(correction);
-      } else {
-        wait_output();
-        forward_detail::rescale_output<kLazy>(o, correction);
-      }
-      release(bars.v_empty(v_slot.stage));
-      to_operand(s, pa);
+    int i = 0, n = blocks.end - 2;
+    // The tile's second block is exact too when speculating: its first may have shown a row only
+    // a few keys (a causal diagonal, a partial last block), whose maximum the next 128 keys would
+    // often outgrow, and each failed speculation costs an S product. Peeled, so that the loop
+    // holds one kind of step.
+    if (kSpeculative && n >= blocks.begin) exact_step(n--, ring + i++, s, pa, correction);
+    for (; n >= blocks.begin; --n, ++i) {
+      if constexpr (kSpeculative)
+        speculative_step(n, ring + i, s, pa, correction);
+      else
+        exact_step(n, ring + i, s, pa, correction);
     }
     return i;
   }
+  // S of block n beside O += P V of the block before (V at ring position r, K at r + 1), then
+  // block n's softmax; the two kinds differ in the softmax.
+  __device__ void issue_step(int r, float (&s)[kN / 8][4], uint32_t (&pa)[kN / 16][4], int& k_stage, int& v_stage) {
+    const RingSlot<C::kKStages> k_slot = RingSlot<C::kKStages>::of(r + 1);
+    const RingSlot<C::kVStages> v_slot = RingSlot<C::kVStages>::of(r);
+    mbarrier_wait(bars.k_full(k_slot.stage), k_slot.parity);
+    take_turn();
+    wgmma_fence();
+    issue_scores(s, k_slot.stage);
+    mbarrier_wait(bars.v_full(v_slot.stage), v_slot.parity);
+    issue_output(pa, v_slot.stage);
+    pass_turn();
+    wgmma_wait<1>();
+    fence_registers(flat<kN>(s));
+    k_stage = k_slot.stage;
+    v_stage = v_slot.stage;
+  }
+  __device__ void exact_step(int n, int r, float (&s)[kN / 8][4], uint32_t (&pa)[kN / 16][4], float (&correction)[2]) {
+    int k_stage, v_stage;
+    issue_step(r, s, pa, k_stage, v_stage);
+    release(bars.k_empty(k_stage));
+    softmax(s, n, correction);
+    if constexpr (kOrdered) {
+      wait_output_rescaled(correction);
+    } else {
+      wait_output();
+      forward_detail::rescale_output<kLazy>(o, correction);
+    }
+    release(bars.v_empty(v_stage));
+    to_operand(s, pa);
+  }
+  // K is kept until the vote: a failed speculation computes S again.
+  __device__ void speculative_step(int n, int r, float (&s)[kN / 8][4], uint32_t (&pa)[kN / 16][4],
+                                   float (&correction)[2]) {
+    int k_stage, v_stage;
+    issue_step(r, s, pa, k_stage, v_stage);
+    float partial[2];
+    const bool risky = speculative_softmax(s, n, partial);
+    if (__any_sync(0xffffffffu, named_barrier_any(C::kRescaleBarrier + wg, 128, risky))) {
+      speculative_fallback(s, n, k_stage, correction);
+    } else {
+      wait_output();
+      row_sum[0] += partial[0];
+      row_sum[1] += partial[1];
+    }
+    release(bars.k_empty(k_stage));
+    release(bars.v_empty(v_stage));
+    to_operand(s, pa);
+  }
+
   // The last O += P V of the tile (V at ring position `ring`), issued; returns V's stage.
   __device__ int issue_last(int ring, uint32_t (&pa)[kN / 16][4], bool pass) {
     const RingSlot<C::kVStages> last = RingSlot<C::kVStages>::of(ring);
