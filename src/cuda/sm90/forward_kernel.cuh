@@ -24,6 +24,7 @@
 #include <cuda.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 
 #include "cuda/common/mma.cuh"
@@ -55,7 +56,7 @@ struct ForwardConfig {
   using QTile = SwizzledTile<kM, kD>;
   using KVTile = SwizzledTile<kN, kD>;
   // Shared memory: Q, K stages, V stages, the O tile (persistent only; otherwise O goes through
-  // Q's tile), then the mbarriers and the two tile slots; 1024-byte aligned tiles.
+  // Q's tile), then the mbarriers and the tile slots; 1024-byte aligned tiles.
   static constexpr bool kPersistent = forward_persistent(kD);  // and O staged in a tile of its own
   static constexpr int kKOffset = QTile::kBytes;
   static constexpr int kVOffset = kKOffset + kKStages * KVTile::kBytes;
@@ -63,7 +64,7 @@ struct ForwardConfig {
   static constexpr int kBarrierOffset = kOOffset + (kPersistent ? QTile::kBytes : 0);
   static constexpr int kBarriers = forward_barriers(kKStages, kVStages);
   static constexpr int kTileSlotOffset = kBarrierOffset + 8 * kBarriers;
-  static constexpr int kSmemBytes = kTileSlotOffset + 16 + 1024;  // + slack to align the base
+  static constexpr int kSmemBytes = kTileSlotOffset + forward_tile_slot_bytes() + 1024;  // + slack to align the base
   static_assert(kSmemBytes == forward_smem_bytes(kD, kTall), "the host reads the same size");
   // Register budgets after reallocation (multiples of 8), within the block's launch allocation
   // (64 K registers shared by kThreads threads, in multiples of 8 per thread).
@@ -87,7 +88,9 @@ struct Barriers {
   __device__ uint32_t v_full(int s) const { return base + 8 * (2 + 2 * kKStages + s); }
   __device__ uint32_t v_empty(int s) const { return base + 8 * (2 + 2 * kKStages + kVStages + s); }
   __device__ uint32_t tile_full(int slot) const { return base + 8 * (2 + 2 * kKStages + 2 * kVStages + slot); }
-  __device__ uint32_t tile_empty(int slot) const { return base + 8 * (4 + 2 * kKStages + 2 * kVStages + slot); }
+  __device__ uint32_t tile_empty(int slot) const {
+    return base + 8 * (2 + 2 * kKStages + 2 * kVStages + kForwardTileSlots + slot);
+  }
 };
 
 // Tile coordinates shared by the producer and the consumers.
@@ -117,23 +120,64 @@ struct TileOrder {
   }
 };
 
-// The tile slots: the producer publishes the index of each tile it starts in slot j % 2 of
-// shared memory and arrives on the slot's full barrier; every consumer thread reads it there and
-// arrives on the slot's empty barrier (each thread, as its own read precedes the next store). A
-// third int keeps the producer's tile total. Index >= total: no tile left.
+// A tile's coordinates as the producer thread worked them out from its index: the divisions
+// stay off the consumers' path from one tile to the next. (The sequence bounds, loads for varlen
+// batches, and the key blocks the consumers work out themselves: held through the producer's
+// tile wait, they would spill at its 24 registers.) index < 0: no tile left.
+struct TileTicket {
+  int b, h, m0, split, index;
+
+  __device__ ForwardTile tile(const KernelParams& p) const {
+    ForwardTile t;
+    t.b = b;
+    t.h = h;
+    t.m0 = m0;
+    t.split = split;
+    t.seq = Sequence::of(p, b);
+    return t;
+  }
+};
+static_assert(sizeof(TileTicket) <= kForwardTicketBytes, "a ticket fits its slot");
+
+// The tile slots (tile_shapes.h): the producer writes a tile's ticket in slot j % kForwardTileSlots
+// and arrives on the slot's full barrier; every consumer thread reads it there when it begins the
+// tile and again for the tile's epilogue, then arrives on the slot's empty barrier. The word after
+// the slots keeps the producer's tile total.
 struct TileSlots {
   uint32_t base;
-  __device__ void publish(int slot, int index) const {
-    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(base + 4 * slot), "r"(index) : "memory");
+  __device__ void publish(int slot, const ForwardTile& t, int index) const {
+    const uint32_t a = base + kForwardTicketBytes * slot;
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(t.b), "r"(t.h), "r"(t.m0), "r"(t.split)
+                 : "memory");
+    store(a + uint32_t(offsetof(TileTicket, index)), index);
   }
-  __device__ int read(int slot) const {
-    int index;
-    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(index) : "r"(base + 4 * slot) : "memory");
-    return index;
+  __device__ void publish_none(int slot) const { store(base + kForwardTicketBytes * slot + uint32_t(offsetof(TileTicket, index)), -1); }
+  static __device__ void store(uint32_t address, int value) {
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(value) : "memory");
   }
-  __device__ void keep_total(int total) const { publish(2, total); }
-  __device__ int kept_total() const { return read(2); }
+  __device__ TileTicket read(int slot) const {
+    const uint32_t a = base + kForwardTicketBytes * slot;
+    TileTicket t;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(t.b), "=r"(t.h), "=r"(t.m0), "=r"(t.split)
+                 : "r"(a)
+                 : "memory");
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(t.index) : "r"(a + uint32_t(offsetof(TileTicket, index))) : "memory");
+    return t;
+  }
+  __device__ void keep_total(int total) const { store(base + kForwardTileSlots * kForwardTicketBytes, total); }
+  __device__ int kept_total() const {
+    int total;
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(total) : "r"(base + kForwardTileSlots * kForwardTicketBytes) : "memory");
+    return total;
+  }
 };
+
+// A tile's key blocks, for the producer and the consumers of the blocks that are not persistent.
+template <typename C>
+__device__ KeyBlocks tile_key_blocks(const KernelParams& p, const ForwardTile& t) {
+  return KeyBlocks::of(ScoreRule::make(p, t.seq, t.b, t.h), t.seq, t.m0, C::kM, C::kN, p.num_splits, t.split);
+}
 
 // The producer thread: the K, V and Q loads of one tile. `ring` counts the key blocks streamed
 // so far (the ring's position), `q_loads` the Q tiles loaded so far.
@@ -174,17 +218,6 @@ __device__ void produce_tile(const ForwardArgs& args, const ForwardTile& t, KeyB
   }
 }
 
-// The producer thread's work on tile `index`.
-template <typename C>
-__device__ void produce_index(const ForwardArgs& args, int index, uint32_t smem, int& ring, uint32_t& q_loads) {
-  const KernelParams& p = args.p;
-  const ForwardTile t = TileOrder::of(p, C::kM).tile(p, index, C::kM);
-  if (t.m0 >= t.seq.seqlen_q) return;
-  const ScoreRule rule = ScoreRule::make(p, t.seq, t.b, t.h);
-  produce_tile<C>(args, t, KeyBlocks::of(rule, t.seq, t.m0, C::kM, C::kN, p.num_splits, t.split), smem,
-                  Barriers<C::kKStages, C::kVStages>{smem + C::kBarrierOffset}, ring, q_loads);
-}
-
 // gridDim.x read where it is used: hoisted out of the producer's loop, it costs a spill at the
 // producer's 24 registers.
 __device__ __forceinline__ int grid_blocks() {
@@ -193,8 +226,9 @@ __device__ __forceinline__ int grid_blocks() {
   return n;
 }
 
-// The producer thread: its block's tile, or (persistent) publish a tile, stream it, fetch the
-// next, until none is left.
+// The producer thread: its block's tile, or (persistent) describe a tile to the consumers,
+// stream it, fetch the next, until none is left. Tiles past a varlen sequence's end are skipped
+// here: the consumers never see them.
 template <typename C>
 __device__ void produce(const ForwardArgs& args, uint32_t smem) {
   const KernelParams& p = args.p;
@@ -203,19 +237,31 @@ __device__ void produce(const ForwardArgs& args, uint32_t smem) {
   tma_prefetch_map(args.v);
   int ring = 0;
   uint32_t q_loads = 0;
+  const Barriers<C::kKStages, C::kVStages> bars{smem + C::kBarrierOffset};
   if constexpr (!C::kPersistent) {
-    produce_index<C>(args, int(blockIdx.x), smem, ring, q_loads);
+    const ForwardTile t = TileOrder::of(p, C::kM).tile(p, int(blockIdx.x), C::kM);
+    if (t.m0 < t.seq.seqlen_q) produce_tile<C>(args, t, tile_key_blocks<C>(p, t), smem, bars, ring, q_loads);
   } else {
-    const Barriers<C::kKStages, C::kVStages> bars{smem + C::kBarrierOffset};
     const TileSlots slots{smem + C::kTileSlotOffset};
     slots.keep_total(TileOrder::of(p, C::kM).total);  // in shared memory: a register would spill
     int index = int(blockIdx.x);
-    for (int j = 0;; ++j) {
-      mbarrier_wait(bars.tile_empty(j % 2), ((j / 2) & 1) ^ 1u);
-      slots.publish(j % 2, index);
-      mbarrier_arrive(bars.tile_full(j % 2));
-      if (index >= slots.kept_total()) return;
-      produce_index<C>(args, index, smem, ring, q_loads);
+    for (int j = 0;;) {
+      const int slot = j % kForwardTileSlots;
+      const uint32_t free_parity = ((j / kForwardTileSlots) & 1) ^ 1u;
+      if (index >= slots.kept_total()) {
+        mbarrier_wait(bars.tile_empty(slot), free_parity);
+        slots.publish_none(slot);
+        mbarrier_arrive(bars.tile_full(slot));
+        return;
+      }
+      const ForwardTile t = TileOrder::of(p, C::kM).tile(p, index, C::kM);
+      if (t.m0 < t.seq.seqlen_q) {
+        mbarrier_wait(bars.tile_empty(slot), free_parity);
+        slots.publish(slot, t, index);
+        mbarrier_arrive(bars.tile_full(slot));
+        ++j;
+        produce_tile<C>(args, t, tile_key_blocks<C>(p, t), smem, bars, ring, q_loads);
+      }
       index = atomicAdd(p.tile_counter, 1) + grid_blocks();
     }
   }
@@ -274,14 +320,13 @@ struct Consumer {
     fence_registers(flat<kD>(o));
   }
 
-  // The tile's rule, first row and diagonals; returns its key blocks.
-  __device__ KeyBlocks begin_tile(const ForwardTile& t) {
+  // The tile's rule, first row and diagonals.
+  __device__ void begin_tile(const ForwardTile& t) {
     rule = ScoreRule::make(p, t.seq, t.b, t.h);
     m0 = t.m0;
     const int lane_row = m0 + 64 * wg + 16 * ((int(threadIdx.x) % 128) / 32) + (int(threadIdx.x) % 32) / 4;
     diag[0] = int(rule.window.diagonal(lane_row));
     diag[1] = int(rule.window.diagonal(lane_row + 8));
-    return KeyBlocks::of(rule, t.seq, t.m0, C::kM, C::kN, p.num_splits, t.split);
   }
   __device__ void reset_rows() {
 #pragma unroll
@@ -499,20 +544,19 @@ struct Consumer {
     const TileSlots slots{smem + C::kTileSlotOffset};
     int ring = 0;
     uint32_t q_loads = 0;
-    int current = -1;  // the tile whose last P V is due, with its V at ring position ring - 1
+    int current = -1;  // the slot of the tile whose last P V is due, with its V at ring position ring - 1
     float s[kN / 8][4];
     uint32_t pa[kN / 16][4];
     float correction[2];
     if (wg == C::kConsumers - 1) pass_turn();  // consumer 0 goes first
     for (int j = 0;; ++j) {
-      mbarrier_wait(bars.tile_full(j % 2), (j / 2) & 1);
-      const int index = slots.read(j % 2);
-      mbarrier_arrive(bars.tile_empty(j % 2));
-      // The tile order is recomputed where it is used: kept, it would spill in the key loop.
-      if (index >= TileOrder::of(p, C::kM).total) break;
-      const ForwardTile t = TileOrder::of(p, C::kM).tile(p, index, C::kM);
-      if (t.m0 >= t.seq.seqlen_q) continue;
-      const KeyBlocks blocks = begin_tile(t);  // the current tile's epilogue needs none of the rule's state
+      const int slot = j % kForwardTileSlots;
+      mbarrier_wait(bars.tile_full(slot), (j / kForwardTileSlots) & 1);
+      const TileTicket ticket = slots.read(slot);
+      if (ticket.index < 0) break;
+      const ForwardTile t = ticket.tile(p);
+      begin_tile(t);  // the current tile's epilogue needs none of the rule's state
+      const KeyBlocks blocks = KeyBlocks::of(rule, t.seq, t.m0, C::kM, C::kN, p.num_splits, t.split);
       // Without keys there is no product to overlap; the score-transform kernel and the tall
       // tiles' three consumers (160 registers each) finish the current tile first as well: the
       // rule's extra terms, or the next tile's S beside O, P and the epilogue would spill.
@@ -523,6 +567,7 @@ struct Consumer {
       }
       if (blocks.begin >= blocks.end) {
         finish_keyless(t);
+        mbarrier_arrive(bars.tile_empty(slot));
         continue;
       }
       if (current >= 0) {
@@ -536,7 +581,7 @@ struct Consumer {
       complete_first(blocks, ring, s, pa, correction);
       run_middle(blocks, ring, s, pa, correction);
       release(bars.q_empty());  // every S = Q K^T of the tile is done; O is staged in a tile of its own
-      current = index;
+      current = slot;
       ring += blocks.end - blocks.begin;
       ++q_loads;
     }
@@ -544,16 +589,17 @@ struct Consumer {
     if (wg == 0) take_turn();  // the last consumer's final pass
   }
   // The current tile's last O += P V (its V at ring position ring - 1), then its epilogue.
-  __device__ void finish_current(int index, int ring, uint32_t (&pa)[kN / 16][4]) {
-    finish_tile<0>(index, issue_last(ring - 1, pa, true));
+  __device__ void finish_current(int slot, int ring, uint32_t (&pa)[kN / 16][4]) {
+    finish_tile<0>(slot, issue_last(ring - 1, pa, true));
   }
-  // The epilogue of tile `index` once its last O += P V (V in stage `v_stage`) is done
-  // (kGroupsLeft: younger wgmma groups that may stay in flight).
+  // The epilogue of the tile in `slot` once its last O += P V (V in stage `v_stage`) is done
+  // (kGroupsLeft: younger wgmma groups that may stay in flight); then the slot is free.
   template <int kGroupsLeft>
-  __device__ void finish_tile(int index, int v_stage) {
+  __device__ void finish_tile(int slot, int v_stage) {
     wait_output<kGroupsLeft>();
     release(bars.v_empty(v_stage));
-    finish(TileOrder::of(p, C::kM).tile(p, index, C::kM));
+    finish(TileSlots{smem + C::kTileSlotOffset}.read(slot).tile(p));
+    mbarrier_arrive(bars.tile_empty(slot));
   }
 
   // O / l and lse; then O through this warpgroup's rows of the O tile (or of Q's, then released)
@@ -638,7 +684,8 @@ __device__ void consume(const KernelParams& p, uint32_t smem, int wg) {
     const TileOrder order = TileOrder::of(p, C::kM);
     const ForwardTile t = order.tile(p, int(blockIdx.x), C::kM);
     if (t.m0 >= t.seq.seqlen_q) return;
-    const KeyBlocks blocks = consumer.begin_tile(t);
+    const KeyBlocks blocks = tile_key_blocks<C>(p, t);
+    consumer.begin_tile(t);
     if (blocks.begin >= blocks.end) {
       consumer.finish_keyless(t);
     } else {
@@ -669,7 +716,7 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD, kTall>::kThreads, 1)
       mbarrier_init(bars.v_full(s), 1);
       mbarrier_init(bars.v_empty(s), 4 * C::kConsumers);
     }
-    for (int slot = 0; slot < 2; ++slot) {
+    for (int slot = 0; slot < kForwardTileSlots; ++slot) {
       mbarrier_init(bars.tile_full(slot), 1);
       mbarrier_init(bars.tile_empty(slot), 128 * C::kConsumers);  // every consumer thread reads the slot
     }

@@ -62,18 +62,26 @@ constexpr int64_t kMaxForwardTiles = (int64_t(1) << 31) - (int64_t(1) << 20);  /
 // tile.
 constexpr bool forward_persistent(int head_dim) { return head_dim <= 128; }
 
-// mbarriers of the forward: Q full and empty, K and V full and empty per stage, two tile slots'
+// The persistent forward's tile slots: the producer describes each tile it starts in slot
+// j % kForwardTileSlots (64 bytes), which the consumers read when they begin the tile and again
+// for its epilogue, then free. A 16-byte word after the slots keeps the tile total.
+constexpr int kForwardTileSlots = 4, kForwardTicketBytes = 64;
+constexpr int forward_tile_slot_bytes() { return kForwardTileSlots * kForwardTicketBytes + 16; }
+
+// mbarriers of the forward: Q full and empty, K and V full and empty per stage, the tile slots'
 // full and empty.
-constexpr int forward_barriers(int k_stages, int v_stages) { return 2 + 2 * k_stages + 2 * v_stages + 4; }
+constexpr int forward_barriers(int k_stages, int v_stages) {
+  return 2 + 2 * k_stages + 2 * v_stages + 2 * kForwardTileSlots;
+}
 
 // Dynamic shared memory of the forward: Q, the K and V stages, the O tile (forward_persistent),
-// the mbarriers, the tile slots (16 bytes), and 1 KiB of slack to align the tiles to the
-// 1024-byte period of the swizzle.
+// the mbarriers, the tile slots, and 1 KiB of slack to align the tiles to the 1024-byte period of
+// the swizzle.
 constexpr int forward_smem_bytes(int head_dim, bool tall) {
   const ForwardShape s = forward_shape(head_dim, tall);
   const int output = forward_persistent(head_dim) ? 2 * head_dim * s.block_m : 0;
   return 2 * head_dim * (s.block_m + (s.k_stages + s.v_stages) * s.block_n) + output +
-         8 * forward_barriers(s.k_stages, s.v_stages) + 16 + 1024;
+         8 * forward_barriers(s.k_stages, s.v_stages) + forward_tile_slot_bytes() + 1024;
 }
 
 }  // namespace flashattn::cuda::sm90
