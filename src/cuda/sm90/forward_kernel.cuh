@@ -15,8 +15,8 @@
 // Up to d = 128 the grid is persistent (forward_persistent): one block per multiprocessor takes
 // tiles until none is left, the first by its index and the others from a counter (dynamic, so
 // that the long and short tiles of a causal mask or a varlen batch even out). The producer
-// fetches the next tile while the consumers finish the current one and streams its K, V and Q
-// behind the current ones; on 128-row tiles without a score transform the consumers issue the
+// fetches the next tile while the consumers finish the current one, hands them its coordinates
+// and streams its K, V and Q behind the current ones; on 128-row tiles without a score transform the consumers issue the
 // next tile's first S = Q K^T before the current tile's epilogue, so a tile's start and end
 // (latency of the first loads, the epilogue) overlap its neighbours' work.
 #pragma once
@@ -151,7 +151,9 @@ struct TileSlots {
                  : "memory");
     store(a + uint32_t(offsetof(TileTicket, index)), index);
   }
-  __device__ void publish_none(int slot) const { store(base + kForwardTicketBytes * slot + uint32_t(offsetof(TileTicket, index)), -1); }
+  __device__ void publish_none(int slot) const {
+    store(base + kForwardTicketBytes * slot + uint32_t(offsetof(TileTicket, index)), -1);
+  }
   static __device__ void store(uint32_t address, int value) {
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(value) : "memory");
   }
@@ -162,13 +164,15 @@ struct TileSlots {
                  : "=r"(t.b), "=r"(t.h), "=r"(t.m0), "=r"(t.split)
                  : "r"(a)
                  : "memory");
-    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(t.index) : "r"(a + uint32_t(offsetof(TileTicket, index))) : "memory");
+    const uint32_t index_at = a + uint32_t(offsetof(TileTicket, index));
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(t.index) : "r"(index_at) : "memory");
     return t;
   }
   __device__ void keep_total(int total) const { store(base + kForwardTileSlots * kForwardTicketBytes, total); }
   __device__ int kept_total() const {
+    const uint32_t total_at = base + kForwardTileSlots * kForwardTicketBytes;
     int total;
-    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(total) : "r"(base + kForwardTileSlots * kForwardTicketBytes) : "memory");
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(total) : "r"(total_at) : "memory");
     return total;
   }
 };
