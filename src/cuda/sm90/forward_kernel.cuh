@@ -16,9 +16,10 @@
 // tiles until none is left, the first by its index and the others from a counter (dynamic, so
 // that the long and short tiles of a causal mask or a varlen batch even out). The producer
 // fetches the next tile while the consumers finish the current one, hands them its coordinates
-// and streams its K, V and Q behind the current ones; on 128-row tiles without a score transform the consumers issue the
-// next tile's first S = Q K^T before the current tile's epilogue, so a tile's start and end
-// (latency of the first loads, the epilogue) overlap its neighbours' work.
+// and streams its K, V and Q behind the current ones; on 128-row tiles without a score
+// transform the consumers issue the next tile's first S = Q K^T before the current tile's
+// epilogue, so a tile's start and end (latency of the first loads, the epilogue) overlap its
+// neighbours' work.
 #pragma once
 
 #include <cuda.h>

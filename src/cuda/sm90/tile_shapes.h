@@ -63,8 +63,9 @@ constexpr int64_t kMaxForwardTiles = (int64_t(1) << 31) - (int64_t(1) << 20);  /
 constexpr bool forward_persistent(int head_dim) { return head_dim <= 128; }
 
 // The persistent forward's tile slots: the producer describes each tile it starts in slot
-// j % kForwardTileSlots (64 bytes), which the consumers read when they begin the tile and again
-// for its epilogue, then free. A 16-byte word after the slots keeps the tile total.
+// j % kForwardTileSlots (64 bytes, room to spare), which the consumers read when they begin the
+// tile and again for its epilogue, then free. A 16-byte word after the slots keeps the tile
+// total.
 constexpr int kForwardTileSlots = 4, kForwardTicketBytes = 64;
 constexpr int forward_tile_slot_bytes() { return kForwardTileSlots * kForwardTicketBytes + 16; }
 
