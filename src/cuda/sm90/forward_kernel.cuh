@@ -9,7 +9,9 @@
 // warpgroup, the softmax of block n runs while the tensor cores do P V of block n + 1 (from
 // d = 128, where O is rescaled lazily, the wait for that P V stays after the softmax:
 // wait_output_rescaled); across the warpgroups, named barriers make them take turns issuing
-// GEMMs (pingpong), so one's softmax hides under the others' matrix work. Key blocks are visited
+// GEMMs (pingpong), so one's softmax hides under the others' matrix work. At d = 64 and 128 the
+// key steps after a tile's first two exponentiate against the row maxima kept so far and fall
+// back to the exact softmax when a row outgrows them (speculative_step). Key blocks are visited
 // last to first, so only the first ones meet the causal diagonal or the end of the keys.
 //
 // Up to d = 128 the grid is persistent (forward_persistent): one block per multiprocessor takes
