@@ -12,6 +12,11 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
 
+// The same for a chunk known to be in bounds: no source size, so no register to select it.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+
 // 4-byte form (cached in L1 and L2); zero-fills when !valid, like cp_async_16.
 __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
   const int src_bytes = valid ? 4 : 0;
