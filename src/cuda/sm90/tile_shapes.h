@@ -17,7 +17,7 @@ struct ForwardShape {
 // thread holds d/2 output and block_n/2 score accumulators, plus block_n/4 words of P) and by
 // shared memory (Q, the K and V stages and, when persistent, the O tile: at d = 128 a third V
 // stage fills the 227 KB). Pingpong pays where the softmax is a large share of a step's time,
-// i.e. for head dims up to 128.
+// i.e. for head dims up to 128, and above on short sequences (Consumer::pingpong).
 //
 // `tall`: three consumers, 192-row tiles (d <= 64 only, forward_tall). Where a step's GEMMs take
 // about as long as its softmax, they give each consumer's softmax the time of two others' GEMMs;
