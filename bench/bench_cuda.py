@@ -190,6 +190,8 @@ def main():
     ap.add_argument("--seqlens", help="comma-separated N instead of the default (or --quick) list")
     ap.add_argument("--forward-only", action="store_true", help="skip the backward measurements")
     ap.add_argument("--no-sm80", action="store_true", help="skip the mma.sync kernels' measurements")
+    ap.add_argument("--ours-only", action="store_true",
+                    help="skip PyTorch's SDPA and the sm80 kernels (to compare builds, or det/default)")
     ap.add_argument("--head-dims", default="64,128,256", help="comma-separated head dims (default 64,128,256)")
     ap.add_argument("--long", action="store_true",
                     help="long-context rows instead: B=1, H=16, d=128, causal, N = 64k, 128k, 256k")
@@ -218,7 +220,7 @@ def main():
         # The mma.sync (sm80) kernels too, where the sm_90a ones serve by default (not for the
         # long rows, where they would take most of the run, nor with --no-sm80).
         ms["sm80"] = (None, None)
-        if not args.long and not args.no_sm80:
+        if not args.long and not args.no_sm80 and not args.ours_only:
             os.environ["FLASHATTN_CUDA_KERNELS"] = "sm80"
             ms["sm80"] = (median_ms(fa.forward_call(q, k, v, out, lse, causal)), None)
             if not args.forward_only:
@@ -234,6 +236,8 @@ def main():
             ms["ours"] += (median_ms(bwd), median_ms(det))
         ref = None
         for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+            if args.ours_only:
+                break
             r = sdpa_timings(backend, q, k, v, dout, causal, args.forward_only)
             if r:
                 ms[name] = r[:2]
