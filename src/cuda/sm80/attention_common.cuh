@@ -129,8 +129,8 @@ struct TileCopyPlan {
 // Copies rows [0, Tile::kRows) starting at `first_row` into a shared tile with cp.async; rows at
 // or past `rows_valid` and columns at or past `cols_valid` become zeros. Whole tiles of up to 64
 // columns take a copy without the per-chunk bounds and their selected addresses (on the H200 the
-// sm80 forward +1 to +3% at d = 64; the same path at d = 128 and 256 measured 2 to 9% slower:
-// there it costs the kernels registers they spill).
+// sm80 forward +1 to +3% at d = 64; the same path at d = 128 and 256 measured 2 to 9% slower,
+// the d = 128 kernel reloading more spilled registers).
 template <typename T, typename Tile, int kThreads>
 __device__ __forceinline__ void load_tile_async(uint32_t smem_tile, const T* first_row, int64_t row_stride,
                                                 int rows_valid, int cols_valid, const void* any_valid) {
