@@ -95,6 +95,25 @@ TEST_F(CudaAttentionRuns, ForwardWithoutKeySplitMatchesOracle) {
   }
 }
 
+// Above d = 128 the forward's consumers take turns up to 1024 query rows and not beyond
+// (sm90 Consumer::pingpong): both sides of the bound, causal (its first rows see no key) and not.
+TEST_F(CudaAttentionRuns, ForwardAboveHeadDim128OnBothSidesOfThePingpongBound) {
+  for (const int head_dim : {192, 256})
+    for (const int seqlen_q : {1024, 1025})
+      for (const bool causal : {false, true}) {
+        Case c = dense_case(1, 2, seqlen_q, head_dim, causal);
+        c.seqlen_k = 300;
+        GpuCase g(c);
+        std::string why;
+        if (g.supported(Pass::forward, &why) == FLASHATTN_ERROR_UNSUPPORTED) continue;  // head dim not compiled in
+        ASSERT_EQ(g.forward(), FLASHATTN_SUCCESS) << flashattn_last_error();
+        const Params p = g.host.params(Pass::forward);
+        Check check = check_written(g.host, Pass::forward);
+        check += check_forward(g.host, p, reference::forward(p), reference::naive_forward(p));
+        EXPECT_TRUE(check.ok) << c.describe() << "\n" << check.message;
+      }
+}
+
 // Row maxima that grow from key block to key block: keys scaled up along the sequence (growth
 // a lazy rescale may skip, at most 2^8 in the exponentials) and a few keys `spike` times larger
 // (growth it must not skip; at 40 beyond 2^128, where exponentials against the old maximum
