@@ -28,6 +28,20 @@ bool unsupported(GpuCase& g, Pass pass, std::string* why) {
   return s == FLASHATTN_ERROR_UNSUPPORTED;
 }
 
+// The pass's outputs written everywhere and within the 2x-naive bound of the float64 oracle.
+Check forward_against_oracle(const CaseData& host) {
+  const Params p = host.params(Pass::forward);
+  Check check = check_written(host, Pass::forward);
+  check += check_forward(host, p, reference::forward(p), reference::naive_forward(p));
+  return check;
+}
+Check backward_against_oracle(const CaseData& host) {
+  const Params p = host.params(Pass::backward);
+  Check check = check_written(host, Pass::backward);
+  check += check_backward(host, p, reference::backward(p), reference::naive_backward(p));
+  return check;
+}
+
 class CudaAttention : public ::testing::TestWithParam<NamedCase> {
  protected:
   void SetUp() override {
@@ -41,9 +55,7 @@ TEST_P(CudaAttention, ForwardMatchesOracle) {
   std::string why;
   if (unsupported(g, Pass::forward, &why)) GTEST_SKIP() << "unsupported by the cuda backend: " << why;
   ASSERT_EQ(g.forward(), FLASHATTN_SUCCESS) << flashattn_last_error() << "\n" << c.describe();
-  const Params p = g.host.params(Pass::forward);
-  Check check = check_written(g.host, Pass::forward);
-  check += check_forward(g.host, p, reference::forward(p), reference::naive_forward(p));
+  const Check check = forward_against_oracle(g.host);
   EXPECT_TRUE(check.ok) << c.describe() << "\n" << check.message;
 }
 
@@ -54,9 +66,7 @@ TEST_P(CudaAttention, BackwardMatchesOracle) {
   if (unsupported(g, Pass::backward, &why)) GTEST_SKIP() << "unsupported by the cuda backend: " << why;
   ASSERT_EQ(g.forward(), FLASHATTN_SUCCESS) << flashattn_last_error() << "\n" << c.describe();
   ASSERT_EQ(g.backward(), FLASHATTN_SUCCESS) << flashattn_last_error() << "\n" << c.describe();
-  const Params p = g.host.params(Pass::backward);
-  Check check = check_written(g.host, Pass::backward);
-  check += check_backward(g.host, p, reference::backward(p), reference::naive_backward(p));
+  const Check check = backward_against_oracle(g.host);
   EXPECT_TRUE(check.ok) << c.describe() << "\n" << check.message;
 }
 
@@ -88,9 +98,7 @@ TEST_F(CudaAttentionRuns, ForwardWithoutKeySplitMatchesOracle) {
     const Case c = dense_case(4, 32, 300, 64, causal);
     GpuCase g(c);
     ASSERT_EQ(g.forward(), FLASHATTN_SUCCESS) << flashattn_last_error();
-    const Params p = g.host.params(Pass::forward);
-    Check check = check_written(g.host, Pass::forward);
-    check += check_forward(g.host, p, reference::forward(p), reference::naive_forward(p));
+    const Check check = forward_against_oracle(g.host);
     EXPECT_TRUE(check.ok) << c.describe() << "\n" << check.message;
   }
 }
@@ -107,9 +115,7 @@ TEST_F(CudaAttentionRuns, ForwardAboveHeadDim128OnBothSidesOfThePingpongBound) {
         std::string why;
         if (g.supported(Pass::forward, &why) == FLASHATTN_ERROR_UNSUPPORTED) continue;  // head dim not compiled in
         ASSERT_EQ(g.forward(), FLASHATTN_SUCCESS) << flashattn_last_error();
-        const Params p = g.host.params(Pass::forward);
-        Check check = check_written(g.host, Pass::forward);
-        check += check_forward(g.host, p, reference::forward(p), reference::naive_forward(p));
+        const Check check = forward_against_oracle(g.host);
         EXPECT_TRUE(check.ok) << c.describe() << "\n" << check.message;
       }
 }
@@ -137,9 +143,7 @@ TEST_F(CudaAttentionRuns, ForwardFollowsRowMaximaGrowingAcrossKeyBlocks) {
           }
         g.upload_inputs();
         ASSERT_EQ(g.forward(), FLASHATTN_SUCCESS) << flashattn_last_error();
-        const Params p = g.host.params(Pass::forward);
-        Check check = check_written(g.host, Pass::forward);
-        check += check_forward(g.host, p, reference::forward(p), reference::naive_forward(p));
+        const Check check = forward_against_oracle(g.host);
         EXPECT_TRUE(check.ok) << c.describe() << ", spike " << spike << "\n" << check.message;
       }
     }
@@ -183,9 +187,7 @@ TEST_F(CudaAttentionRuns, BackwardFitsAHundredKilobytesUpToHeadDim128) {
       ASSERT_EQ(g.supported(Pass::backward, &why), FLASHATTN_SUCCESS) << c.describe() << ": " << why;
       ASSERT_EQ(g.forward(), FLASHATTN_SUCCESS) << flashattn_last_error();
       ASSERT_EQ(g.backward(), FLASHATTN_SUCCESS) << flashattn_last_error();
-      const Params p = g.host.params(Pass::backward);
-      Check check = check_written(g.host, Pass::backward);
-      check += check_backward(g.host, p, reference::backward(p), reference::naive_backward(p));
+      const Check check = backward_against_oracle(g.host);
       EXPECT_TRUE(check.ok) << c.describe() << (deterministic ? " deterministic" : "") << "\n" << check.message;
     }
   }
