@@ -126,6 +126,30 @@ struct TileCopyPlan {
   static_assert(Tile::kRows % kRowStep == 0, "the threads must cover the tile's rows in whole passes");
 };
 
+// The chunks of a tile copy from this thread's first chunk (`dst`, `src`): with kBounded, rows at
+// or past `rows_valid` and columns at or past `cols_valid` become zeros (their source selected
+// to `any_valid`, size 0); without, every chunk is copied.
+template <bool kBounded, typename T, typename Tile, int kThreads>
+__device__ __forceinline__ void copy_tile_chunks(uint32_t dst, const T* src, int64_t row_stride, int row0, int col0,
+                                                 int rows_valid, int cols_valid, const void* any_valid) {
+  using Plan = TileCopyPlan<Tile, kThreads>;
+#pragma unroll
+  for (int pass = 0; pass < Plan::kPasses; ++pass) {
+#pragma unroll
+    for (int c = 0; c < Plan::kColumnChunks; ++c) {
+      const int dcol = c * Plan::kThreadsPerRow * 8;
+      if constexpr (kBounded) {
+        const bool valid = row0 + pass * Plan::kRowStep < rows_valid && col0 + dcol < cols_valid;
+        cp_async_16(dst + Tile::offset(pass * Plan::kRowStep, dcol),
+                    valid ? static_cast<const void*>(src + dcol) : any_valid, valid);
+      } else {
+        cp_async_16(dst + Tile::offset(pass * Plan::kRowStep, dcol), src + dcol);
+      }
+    }
+    src += Plan::kRowStep * row_stride;
+  }
+}
+
 // Copies rows [0, Tile::kRows) starting at `first_row` into a shared tile with cp.async; rows at
 // or past `rows_valid` and columns at or past `cols_valid` become zeros. Whole tiles of up to 64
 // columns take a copy without the per-chunk bounds and their selected addresses (on the H200 the
@@ -141,29 +165,11 @@ __device__ __forceinline__ void load_tile_async(uint32_t smem_tile, const T* fir
   const uint32_t dst = smem_tile + Tile::offset(row0, col0);
   if constexpr (Tile::kCols <= 64) {
     if (rows_valid >= Tile::kRows && cols_valid >= Tile::kCols) {
-#pragma unroll
-      for (int pass = 0; pass < Plan::kPasses; ++pass) {
-#pragma unroll
-        for (int c = 0; c < Plan::kColumnChunks; ++c) {
-          const int dcol = c * Plan::kThreadsPerRow * 8;
-          cp_async_16(dst + Tile::offset(pass * Plan::kRowStep, dcol), src + dcol);
-        }
-        src += Plan::kRowStep * row_stride;
-      }
+      copy_tile_chunks<false, T, Tile, kThreads>(dst, src, row_stride, row0, col0, rows_valid, cols_valid, any_valid);
       return;
     }
   }
-#pragma unroll
-  for (int pass = 0; pass < Plan::kPasses; ++pass) {
-#pragma unroll
-    for (int c = 0; c < Plan::kColumnChunks; ++c) {
-      const int dcol = c * Plan::kThreadsPerRow * 8;
-      const bool valid = row0 + pass * Plan::kRowStep < rows_valid && col0 + dcol < cols_valid;
-      cp_async_16(dst + Tile::offset(pass * Plan::kRowStep, dcol), valid ? static_cast<const void*>(src + dcol) : any_valid,
-                  valid);
-    }
-    src += Plan::kRowStep * row_stride;
-  }
+  copy_tile_chunks<true, T, Tile, kThreads>(dst, src, row_stride, row0, col0, rows_valid, cols_valid, any_valid);
 }
 
 }  // namespace flashattn::cuda
