@@ -196,8 +196,11 @@ BackwardChoice choose_backward(const Params& p) {
     const int block_n = narrow ? backward_narrow_block_n(padded) : backward_shape(padded).block_n;
     c = {v->backward, padded, block_n, v->backward_smem, false};
   }
-  // The sm90 kernel orders its deterministic adds by turns instead of copies.
-  c.dq_copies = c.hopper ? 1 : backward_dq_copies(p, c.block_n);
+  // The sm90 kernel orders its deterministic adds by turns, in one or two chains.
+  const bool masked = p.window_left >= 0 || p.window_right >= 0;
+  c.dq_copies = !c.hopper           ? backward_dq_copies(p, c.block_n)
+                : p.deterministic ? sm90::backward_dq_chains(c.padded, masked, p.seqlen_k)
+                                  : 1;
   return c;
 }
 
@@ -310,7 +313,8 @@ struct Workspace {
       w.lse_log2 = take(rows * sizeof(float));
       w.dq_accum = take(size_t(backward.dq_copies) * rows * backward.padded * sizeof(float));
       if (backward.hopper && p.deterministic)
-        w.dq_turns = take(size_t(sm90::backward_dq_turns(packed_rows_q(p), p.batch, p.heads_q)) * sizeof(int));
+        w.dq_turns = take(size_t(backward.dq_copies) * size_t(sm90::backward_dq_turns(packed_rows_q(p), p.batch, p.heads_q)) *
+                        sizeof(int));
     }
     w.total = at;
     return w;

@@ -42,7 +42,7 @@ struct KernelParams {
   float* delta = nullptr;     // [heads_q][rows_q]: rowsum(dO * O)
   float* lse_log2 = nullptr;  // [heads_q][rows_q]: lse * log2(e), +inf where lse = -inf (P = 0)
   float* dq_accum = nullptr;  // [copies][rows_q][heads_q][padded head dim], fp32
-  int dq_copies = 1;          // deterministic mode: one copy per block of the grid (sm80)
+  int dq_copies = 1;          // deterministic mode: one per block of the grid (sm80), per chain (sm90)
   int* dq_turns = nullptr;    // deterministic sm90 backward: next key block to add, per dQ tile
   int deterministic = 0;      // fixed order of every dq_accum sum
 };

@@ -206,14 +206,15 @@ __device__ void produce_rows(const KernelParams& p, const Sequence& seq, const K
 
 // Deterministic mode: the adds to a dQ tile happen in descending key-block order. turn points at
 // the tile's int (zeroed before the launch), which holds 1 + the key block that added last; the
-// last key block that sees the tile adds without waiting, key block n once n + 1 has added. Key
-// blocks run in descending order too (the grid's first block is the last key block), so the
-// block waited for was scheduled before the waiting one: no deadlock however full the GPU is.
-__device__ __forceinline__ void wait_for_turn(const int* turn, int n) {
+// last key block that sees the tile adds without waiting, key block n once its predecessor
+// (n + 1, or n + 2 with two chains: backward_dq_chains) has added. Key blocks run in descending
+// order too (the grid's first block is the last key block), so the block waited for was
+// scheduled before the waiting one: no deadlock however full the GPU is.
+__device__ __forceinline__ void wait_for_turn(const int* turn, int predecessor) {
   int now;
   for (;;) {
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(now) : "l"(turn) : "memory");
-    if (now == n + 2) return;
+    if (now == predecessor + 1) return;
     __nanosleep(64);
   }
 }
@@ -238,7 +239,7 @@ template <int kN>
 __host__ __device__ inline bool backward_interleaves_heads(const KernelParams& p) {
   const int64_t n_blocks = backward_key_blocks<kN>(p);
   const bool unmasked = p.window_left < 0 && p.window_right < 0;
-  return p.deterministic && (unmasked ? n_blocks * kN <= 4096 : n_blocks <= 16);
+  return p.deterministic && p.dq_copies == 1 && (unmasked ? n_blocks * kN <= 4096 : n_blocks <= 16);
 }
 
 // The grid of the backward: key blocks x kv heads x batch, or kv heads x key blocks x batch
@@ -254,7 +255,8 @@ inline dim3 backward_grid(const KernelParams& p) {
 // TMA reduce-add and hands the tile back once TMA has read it. Rows past the sequence carry
 // dS = 0, so their adds (into the next sequence's rows, or dropped past the tensor) add zeros.
 // Deterministic mode waits for the tile's turn and lets its adds complete before passing it on
-// (after handing the tile back, so the consumer's next step does not wait for that).
+// (after handing the tile back, so the consumer's next step does not wait for that). With two
+// chains (up to d = 64) key block n adds to copy n % 2 of dq_accum, after key block n + 2.
 template <typename C>
 __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, int b, int hk, int n,
                                 const KeyBlockWork& w, uint32_t smem, const BackwardBarriers<C::kStages>& bars, int wg) {
@@ -263,16 +265,19 @@ __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, i
   tma_prefetch_map(args.dq_accum);
   const uint32_t tile = smem + C::kDqOffset + wg * C::DqTile::kBytes;
   constexpr int kRoundCols = C::kDqCols / C::kDqRounds;  // dQ columns of one handed-over tile
-  // The query blocks [after_begin, after_end) that key block n + 1 sees: the key blocks that see a
-  // tile are contiguous, so these are the tiles to which n does not add first.
+  const int chains = C::kD <= 64 ? p.dq_copies : 1, chain = n % chains;
+  // The query blocks [after_begin, after_end) that key block n + chains sees: the key blocks of a
+  // chain that see a tile are contiguous in it, so these are the tiles to which n does not add
+  // first.
   int after_begin = 0, after_end = 0;
-  if (p.deterministic && int64_t(n + 1) * C::kN < seq.seqlen_k) {
-    const KeyBlockWork after = KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n + 1);
+  if (p.deterministic && int64_t(n + chains) * C::kN < seq.seqlen_k) {
+    const KeyBlockWork after = KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n + chains);
     after_begin = after.m_begin;
     after_end = after.m_end;
   }
-  const int row0 = int(seq.packed_q);
-  int* const turns = p.dq_turns + 2 * (seq.packed_q / C::kM + b) + wg;
+  const int row0 = int(seq.packed_q + chain * p.rows_q);
+  int* const turns =
+      p.dq_turns + chain * backward_dq_turns(p.rows_q, p.batch, p.heads_q) + 2 * (seq.packed_q / C::kM + b) + wg;
   StepCursor at(w);
 #pragma unroll 1
   for (int s = 0; s < w.steps(); ++s, at.advance(w)) {
@@ -281,7 +286,7 @@ __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, i
 #pragma unroll 1
     for (int r = 0; r < C::kDqRounds; ++r) {
       mbarrier_wait(bars.dq_full(wg), uint32_t(s * C::kDqRounds + r) & 1u);
-      if (r == 0 && m >= after_begin && m < after_end) wait_for_turn(turn, n);
+      if (r == 0 && m >= after_begin && m < after_end) wait_for_turn(turn, n + chains);
 #pragma unroll
       for (int box = 0; box < kRoundCols / 32; ++box)
         tma_reduce_add_3d(args.dq_accum, tile + box * C::DqTile::kBlockBytes, C::dq_col(wg) + r * kRoundCols + 32 * box,

@@ -43,7 +43,7 @@ template <typename T, int kD>
 Status launch_backward(const KernelParams& p, cudaStream_t stream) {
   FA_TRY(launch_backward_prepare<T>(p, kD, stream));
   if (p.deterministic) {
-    const size_t bytes = size_t(backward_dq_turns(p.rows_q, p.batch, p.heads_q)) * sizeof(int);
+    const size_t bytes = size_t(p.dq_copies) * size_t(backward_dq_turns(p.rows_q, p.batch, p.heads_q)) * sizeof(int);
     FA_TRY(device_status(cudaMemsetAsync(p.dq_turns, 0, bytes, stream), "cudaMemsetAsync(dq_turns)"));
   }
   if (p.seqlen_k > 0)
