@@ -5,11 +5,13 @@ bf16, B * N = 16k tokens, H = 2048 / d, d in {64, 128, 256}, N in {512 .. 16k}, 
 forward and backward. Every implementation reads the same tensors (BHSD memory, which flashattn
 takes as strided BSHD views). TFLOP/s use the FlashAttention papers' convention: forward
 4 * B * H * N^2 * d, halved when causal; backward 2.5 times the forward. Times are the median of
-triton's do_bench (or CUDA events when triton is missing).
+triton's do_bench (or CUDA events when triton is missing), taken twice per row in mirrored order
+(mirrored_medians) and averaged.
 
   python3 bench/bench_cuda.py --library build/libflashattn.so [--quick] [--markdown F] [--jsonl F]
 """
 import argparse
+import contextlib
 import ctypes
 import datetime
 import json
@@ -168,19 +170,47 @@ def flops(b, h, n, d, causal, backward):
     return f * (2.5 if backward else 1.0)
 
 
-def sdpa_timings(backend, q, k, v, dout, causal, forward_only=False):
-    """(forward ms, backward ms or None, output) of torch SDPA with one backend, or None if it refuses."""
-    qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+def mirrored_medians(groups):
+    """{name: ms} for groups of (context, [(name, closure)]): every closure timed twice, the groups
+    in order and then in reverse order (the closures of a group too), and the mean of its two medians.
+
+    Under the GPU's power limit the clocks drift during a row (seconds of full load), so whatever
+    is timed later in a row runs at other clocks than what is timed first; the mirrored second
+    round gives every closure one early and one late place, and ratios within a row compare
+    like with like."""
+    times = {}
+    for round_groups in (groups, [(context, items[::-1]) for context, items in groups[::-1]]):
+        for context, items in round_groups:
+            with context():
+                for name, fn in items:
+                    times.setdefault(name, []).append(median_ms(fn))
+    return {name: sum(t) / len(t) for name, t in times.items()}
+
+
+@contextlib.contextmanager
+def sm80_kernels():
+    """The library's mma.sync (sm80) kernels instead of the sm_90a ones, while the context lasts."""
+    os.environ["FLASHATTN_CUDA_KERNELS"] = "sm80"
     try:
-        with sdpa_kernel([backend]):
-            fwd = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+        yield
+    finally:
+        del os.environ["FLASHATTN_CUDA_KERNELS"]
+
+
+def sdpa_group(name, backend, q, k, v, dout, causal, backward):
+    """(group for mirrored_medians, output) of torch SDPA with one backend, or None if it refuses."""
+    qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    context = lambda: sdpa_kernel([backend])
+    try:
+        with context():
             out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
-            bwd = None if forward_only else median_ms(
-                lambda: torch.autograd.grad(out, (qg, kg, vg), dout, retain_graph=True))
-        return fwd, bwd, out.detach()
     except RuntimeError as e:
         print(f"  {backend}: {str(e).splitlines()[0]}", file=sys.stderr)
         return None
+    items = [(f"{name}_fwd", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))]
+    if backward:
+        items.append((f"{name}_bwd", lambda: torch.autograd.grad(out, (qg, kg, vg), dout, retain_graph=True)))
+    return (context, items), out.detach()
 
 
 def main():
@@ -216,49 +246,42 @@ def main():
         dq, dk, dv = (torch.empty_like(q) for _ in range(3))
         ours_fwd = fa.forward_call(q, k, v, out, lse, causal)
         ours_fwd()
-        ms = {"ours": (median_ms(ours_fwd),)}
+        backward = not args.forward_only
+        # Each group: a context to time it in and its (name, closure) pairs.
+        groups = [(contextlib.nullcontext, [("ours_fwd", ours_fwd)] + ([
+            ("ours_bwd", fa.backward_call(dout, q, k, v, out, lse, dq, dk, dv, causal, False)),
+            ("ours_bwd_det", fa.backward_call(dout, q, k, v, out, lse, dq, dk, dv, causal, True))] if backward else []))]
         # The mma.sync (sm80) kernels too, where the sm_90a ones serve by default (not for the
         # long rows, where they would take most of the run, nor with --no-sm80).
-        ms["sm80"] = (None, None)
         if not args.long and not args.no_sm80 and not args.ours_only:
-            os.environ["FLASHATTN_CUDA_KERNELS"] = "sm80"
-            ms["sm80"] = (median_ms(fa.forward_call(q, k, v, out, lse, causal)), None)
-            if not args.forward_only:
-                sm80_bwd = fa.backward_call(dout, q, k, v, out, lse, dq, dk, dv, causal, False)
-                ms["sm80"] = (ms["sm80"][0], median_ms(sm80_bwd))
-            del os.environ["FLASHATTN_CUDA_KERNELS"]
-        ours_fwd()  # out and lse of the default kernels, compared below
-        if args.forward_only:
-            ms["ours"] += (None, None)
-        else:
-            bwd = fa.backward_call(dout, q, k, v, out, lse, dq, dk, dv, causal, False)
-            det = fa.backward_call(dout, q, k, v, out, lse, dq, dk, dv, causal, True)
-            ms["ours"] += (median_ms(bwd), median_ms(det))
+            with sm80_kernels():  # the workspace sizes are the sm80 kernels' too
+                groups.append((sm80_kernels, [("sm80_fwd", fa.forward_call(q, k, v, out, lse, causal))] + (
+                    [("sm80_bwd", fa.backward_call(dout, q, k, v, out, lse, dq, dk, dv, causal, False))]
+                    if backward else [])))
         ref = None
         for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
             if args.ours_only:
                 break
-            r = sdpa_timings(backend, q, k, v, dout, causal, args.forward_only)
+            r = sdpa_group(name, backend, q, k, v, dout, causal, backward)
             if r:
-                ms[name] = r[:2]
-                ref = r[2] if ref is None else ref
+                groups.append(r[0])
+                ref = r[1] if ref is None else ref
+        ms = mirrored_medians(groups)
+        ours_fwd()  # out and lse of the default kernels, compared below
         err = (out.float() - ref.float()).abs().max().item() if ref is not None else float("nan")
         fl_f, fl_b = flops(b, heads, n, d, causal, False), flops(b, heads, n, d, causal, True)
         tf = lambda fl, t: fl / (t * 1e-3) / 1e12 if t else float("nan")
         row = dict(d=d, n=n, batch=b, heads=heads, causal=causal, max_abs_diff_vs_sdpa=err)
-        row["ours_fwd"], row["ours_bwd"], row["ours_bwd_det"] = (
-            tf(fl_f, ms["ours"][0]), tf(fl_b, ms["ours"][1]), tf(fl_b, ms["ours"][2]))
-        row["sm80_fwd"], row["sm80_bwd"] = tf(fl_f, ms["sm80"][0]), tf(fl_b, ms["sm80"][1])
+        for name in ("ours_fwd", "ours_bwd", "ours_bwd_det", "sm80_fwd", "sm80_bwd", "flash_fwd", "flash_bwd",
+                     "cudnn_fwd", "cudnn_bwd"):
+            row[name] = tf(fl_b if "bwd" in name else fl_f, ms.get(name))
         # One training step of the layer, forward + backward, against cuDNN's.
-        both = lambda t: t[0] + t[1] if len(t) > 1 and t[0] and t[1] else None
-        row["ours_step"], row["cudnn_step"] = tf(fl_f + fl_b, both(ms["ours"])), tf(fl_f + fl_b, both(ms.get("cudnn", ())))
-        for name in ("flash", "cudnn"):
-            f_ms, b_ms = ms.get(name, (None, None))
-            row[f"{name}_fwd"], row[f"{name}_bwd"] = tf(fl_f, f_ms), tf(fl_b, b_ms)
+        both = lambda impl: ms[f"{impl}_fwd"] + ms[f"{impl}_bwd"] if f"{impl}_bwd" in ms and f"{impl}_fwd" in ms else None
+        row["ours_step"], row["cudnn_step"] = tf(fl_f + fl_b, both("ours")), tf(fl_f + fl_b, both("cudnn"))
         rows.append(row)
         records.append(row)
         print(json.dumps(row), flush=True)
-        del q, k, v, dout, out, lse, dq, dk, dv, ours_fwd
+        del q, k, v, dout, out, lse, dq, dk, dv, ours_fwd, groups, ref
         torch.cuda.empty_cache()
 
     commit = library_commit(args.library)
@@ -282,7 +305,8 @@ def main():
     table = "\n".join(lines) + ("\n\nTFLOP/s (forward 4·B·H·N²·d, halved when causal; backward 2.5×). "
                                  "ours = the kernels the library picks (sm_90a on Hopper; dropout runs on sm80); "
                                  "sm80 = the mma.sync kernels, FLASHATTN_CUDA_KERNELS=sm80; "
-                                 "fwd+bwd = one forward and one backward.\n")
+                                 "fwd+bwd = one forward and one backward. Each figure: the mean of two medians, "
+                                 "one timed in the row's order and one in the reverse order.\n")
     print(table)
     if args.markdown:
         open(args.markdown, "w").write(table)

@@ -65,3 +65,35 @@ def test_tests_and_checks_leave_the_reference_out_unless_asked():
     assert compare_builds.tested_sources(3, True, False) == [False, True, True]
     assert compare_builds.tested_sources(3, True, True) == [True, True, True]
     assert compare_builds.tested_sources(2, False, True) == [False, False]
+
+
+def test_mirrored_medians_give_every_closure_an_early_and_a_late_place(monkeypatch):
+    import contextlib
+
+    import bench_cuda
+
+    timed = []
+
+    def drifting_median_ms(fn):  # clocks fall by 10% of the first call's per call
+        timed.append(fn.__name__)
+        return fn() * (1.0 + 0.1 * (len(timed) - 1))
+
+    def closure(name, ms):
+        fn = lambda: ms  # noqa: E731
+        fn.__name__ = name
+        return fn
+
+    entered = []
+
+    @contextlib.contextmanager
+    def recording():
+        entered.append(len(timed))
+        yield
+
+    monkeypatch.setattr(bench_cuda, "median_ms", drifting_median_ms)
+    groups = [(contextlib.nullcontext, [("a", closure("a", 1.0)), ("b", closure("b", 1.0))]),
+              (recording, [("c", closure("c", 2.0))])]
+    ms = bench_cuda.mirrored_medians(groups)
+    assert timed == ["a", "b", "c", "c", "b", "a"]
+    assert entered == [2, 3]  # the second group's context, around its closures in both rounds
+    assert math.isclose(ms["a"], 1.25) and math.isclose(ms["b"], 1.25) and math.isclose(ms["c"], 2.5)
