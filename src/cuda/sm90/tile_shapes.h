@@ -120,9 +120,9 @@ constexpr int64_t backward_dq_turns(int64_t rows_q, int64_t batch, int64_t heads
 // Deterministic mode's chains of dQ adds. Each dQ tile's adds pass a turn from key block to key
 // block (an add's completion, a release, an acquire); up to d = 64 a step is short beside that
 // hand-over, and without a mask every key block of a head adds to every tile, so one chain
-// throttles the blocks from 4096 keys on (det/default 0.88 at 4k and 8k on the H200). Two chains,
-// even and odd key blocks in copies of dq_accum summed in order by the finish kernel, took those
-// rows to 0.93 to 0.95; with a mask, or at d = 128, the second copy cost more than it gave.
+// throttles the blocks from 4096 keys on (det/default 0.88 to 0.90 at 4k and 8k on the H200). Two
+// chains, even and odd key blocks in copies of dq_accum summed in order by the finish kernel, took
+// those rows to 0.92 to 0.97; with a mask, or above d = 64, the second copy cost more than it gave.
 constexpr int backward_dq_chains(int head_dim, bool masked, int64_t seqlen_k) {
   return head_dim <= 64 && !masked && seqlen_k >= 4096 ? 2 : 1;
 }
