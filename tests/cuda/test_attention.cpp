@@ -197,10 +197,10 @@ TEST_F(CudaAttentionRuns, BackwardFitsAHundredKilobytesUpToHeadDim128) {
 // narrow and the wide sm_90a backward (d = 64, 128 and 256), with many key blocks taking turns
 // at each dQ tile (causal, a sliding window with seqlen_q != seqlen_k and GQA, no mask, varlen
 // with empty sequences), launched with the heads interleaved (short sequences) and head after
-// head (the window's 17 key blocks), in two chains of turns (d = 64 without a mask from 4096 keys:
-// even and odd key blocks add to their own dq_accum copies), and with batch x kv heads past the
-// number of multiprocessors (the sm80 kernel's blocks then walk every key block into one dq_accum
-// copy).
+// head (the window's 17 key blocks), in two chains of turns (d = 64 without a mask from 4096
+// keys: even and odd key blocks add to their own dq_accum copies; with and without softcap, whose
+// kernel takes 64-row steps), and with batch x kv heads past the number of multiprocessors (the
+// sm80 kernel's blocks then walk every key block into one dq_accum copy).
 TEST_F(CudaAttentionRuns, DeterministicBackwardIsBitIdentical) {
   std::vector<Case> cases = {dense_case(1, 2, 700, 128, true), dense_case(1, 2, 700, 64, true),
                              dense_case(2, 80, 300, 64, true)};
@@ -216,6 +216,8 @@ TEST_F(CudaAttentionRuns, DeterministicBackwardIsBitIdentical) {
   Case chains = dense_case(2, 4, 200, 64, false);  // d = 64 from 4096 keys: two chains of turns
   chains.heads_kv = 2;
   chains.seqlen_k = 4500;
+  cases.push_back(chains);
+  chains.softcap = 30;  // the score-transform kernel: 64-row steps, the same two chains
   cases.push_back(chains);
   Case varlen = dense_case(1, 2, 1, 64, true);
   varlen.seqlens_q = {0, 900, 130, 1500};
