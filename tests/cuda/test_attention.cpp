@@ -244,8 +244,7 @@ TEST_F(CudaAttentionRuns, DeterministicBackwardIsBitIdentical) {
       EXPECT_TRUE(g.host.dk.bytes() == dk) << c.describe() << ": dk differs in run " << run + 2;
       EXPECT_TRUE(g.host.dv.bytes() == dv) << c.describe() << ": dv differs in run " << run + 2;
     }
-    const Params p = g.host.params(Pass::backward);
-    const Check check = check_backward(g.host, p, reference::backward(p), reference::naive_backward(p));
+    const Check check = backward_against_oracle(g.host);
     EXPECT_TRUE(check.ok) << c.describe() << "\n" << check.message;
   }
   if (ran == 0) GTEST_SKIP() << "no case's backward is supported on this device";

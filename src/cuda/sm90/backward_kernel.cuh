@@ -265,7 +265,10 @@ __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, i
   tma_prefetch_map(args.dq_accum);
   const uint32_t tile = smem + C::kDqOffset + wg * C::DqTile::kBytes;
   constexpr int kRoundCols = C::kDqCols / C::kDqRounds;  // dQ columns of one handed-over tile
-  const int chains = C::kD <= 64 ? p.dq_copies : 1, chain = n % chains;
+  // Only head dims the host may give two chains compile them (registers: the wide kernel's
+  // producer spills with them).
+  constexpr bool kChains = backward_dq_chains(C::kD, false, INT64_MAX) > 1;
+  const int chains = kChains ? p.dq_copies : 1, chain = n % chains;
   // The query blocks [after_begin, after_end) that key block n + chains sees: the key blocks of a
   // chain that see a tile are contiguous in it, so these are the tiles to which n does not add
   // first.

@@ -160,6 +160,11 @@ struct TileSlots {
   static __device__ void store(uint32_t address, int value) {
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(value) : "memory");
   }
+  static __device__ int load(uint32_t address) {
+    int value;
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(value) : "r"(address) : "memory");
+    return value;
+  }
   __device__ TileTicket read(int slot) const {
     const uint32_t a = base + kForwardTicketBytes * slot;
     TileTicket t;
@@ -167,23 +172,21 @@ struct TileSlots {
                  : "=r"(t.b), "=r"(t.h), "=r"(t.m0), "=r"(t.split)
                  : "r"(a)
                  : "memory");
-    const uint32_t index_at = a + uint32_t(offsetof(TileTicket, index));
-    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(t.index) : "r"(index_at) : "memory");
+    t.index = load(a + uint32_t(offsetof(TileTicket, index)));
     return t;
   }
   __device__ void keep_total(int total) const { store(base + kForwardTileSlots * kForwardTicketBytes, total); }
-  __device__ int kept_total() const {
-    const uint32_t total_at = base + kForwardTileSlots * kForwardTicketBytes;
-    int total;
-    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(total) : "r"(total_at) : "memory");
-    return total;
-  }
+  __device__ int kept_total() const { return load(base + kForwardTileSlots * kForwardTicketBytes); }
 };
 
-// A tile's key blocks, for the producer and the consumers of the blocks that are not persistent.
+// A tile's key blocks under its score rule (the producer, which has none, makes one).
+template <typename C>
+__device__ KeyBlocks tile_key_blocks(const KernelParams& p, const ForwardTile& t, const ScoreRule& rule) {
+  return KeyBlocks::of(rule, t.seq, t.m0, C::kM, C::kN, p.num_splits, t.split);
+}
 template <typename C>
 __device__ KeyBlocks tile_key_blocks(const KernelParams& p, const ForwardTile& t) {
-  return KeyBlocks::of(ScoreRule::make(p, t.seq, t.b, t.h), t.seq, t.m0, C::kM, C::kN, p.num_splits, t.split);
+  return tile_key_blocks<C>(p, t, ScoreRule::make(p, t.seq, t.b, t.h));
 }
 
 // The producer thread: the K, V and Q loads of one tile. `ring` counts the key blocks streamed
@@ -566,7 +569,7 @@ struct Consumer {
       if (ticket.index < 0) break;
       const ForwardTile t = ticket.tile(p);
       begin_tile(t);  // the current tile's epilogue needs none of the rule's state
-      const KeyBlocks blocks = KeyBlocks::of(rule, t.seq, t.m0, C::kM, C::kN, p.num_splits, t.split);
+      const KeyBlocks blocks = tile_key_blocks<C>(p, t, rule);
       // Without keys there is no product to overlap; the score-transform kernel and the tall
       // tiles' three consumers (160 registers each) finish the current tile first as well: the
       // rule's extra terms, or the next tile's S beside O, P and the epilogue would spill.
