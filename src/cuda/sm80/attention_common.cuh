@@ -114,12 +114,13 @@ struct KeyBlocks {
 constexpr int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
 
 // How kThreads threads share the 16-byte chunks of a tile: each row is split among
-// kThreadsPerRow neighbouring threads (so a row's reads coalesce), and a thread copies
-// kColumnChunks chunks at fixed columns of rows kRowStep apart. Its source address then only
-// moves by constant steps, which keeps the copy to a few registers and no branches.
-template <typename Tile, int kThreads>
+// kThreadsPerRow neighbouring threads (so a row's reads coalesce; at most kMaxThreadsPerRow), and
+// a thread copies kColumnChunks chunks at fixed columns of rows kRowStep apart. Its source address
+// then only moves by constant steps, which keeps the copy to a few registers and no branches; a
+// thread's chunks of one row share an address and differ by constant offsets.
+template <typename Tile, int kThreads, int kMaxThreadsPerRow = 32>
 struct TileCopyPlan {
-  static constexpr int kThreadsPerRow = gcd(Tile::kChunksPerRow, kThreads);
+  static constexpr int kThreadsPerRow = gcd(gcd(Tile::kChunksPerRow, kThreads), kMaxThreadsPerRow);
   static constexpr int kColumnChunks = Tile::kChunksPerRow / kThreadsPerRow;
   static constexpr int kRowStep = kThreads / kThreadsPerRow;
   static constexpr int kPasses = Tile::kRows / kRowStep;
@@ -129,10 +130,9 @@ struct TileCopyPlan {
 // The chunks of a tile copy from this thread's first chunk (`dst`, `src`): with kBounded, rows at
 // or past `rows_valid` and columns at or past `cols_valid` become zeros (their source selected
 // to `any_valid`, size 0); without, every chunk is copied.
-template <bool kBounded, typename T, typename Tile, int kThreads>
+template <bool kBounded, typename T, typename Tile, typename Plan>
 __device__ __forceinline__ void copy_tile_chunks(uint32_t dst, const T* src, int64_t row_stride, int row0, int col0,
                                                  int rows_valid, int cols_valid, const void* any_valid) {
-  using Plan = TileCopyPlan<Tile, kThreads>;
 #pragma unroll
   for (int pass = 0; pass < Plan::kPasses; ++pass) {
 #pragma unroll
@@ -150,26 +150,44 @@ __device__ __forceinline__ void copy_tile_chunks(uint32_t dst, const T* src, int
   }
 }
 
-// Copies rows [0, Tile::kRows) starting at `first_row` into a shared tile with cp.async; rows at
-// or past `rows_valid` and columns at or past `cols_valid` become zeros. Whole tiles of up to 64
-// columns take a copy without the per-chunk bounds and their selected addresses (on the H200 the
-// sm80 forward +1 to +3% at d = 64; the same path at d = 128 and 256 measured 2 to 9% slower,
-// the d = 128 kernel reloading more spilled registers).
-template <typename T, typename Tile, int kThreads>
-__device__ __forceinline__ void load_tile_async(uint32_t smem_tile, const T* first_row, int64_t row_stride,
-                                                int rows_valid, int cols_valid, const void* any_valid) {
-  using Plan = TileCopyPlan<Tile, kThreads>;
+// How a kernel copies its tiles: whole tiles of up to kUnboundedCols columns skip the per-chunk
+// bounds and their selected addresses, their rows split among at most kUnboundedThreadsPerRow
+// threads; the other tiles take the bounded copy, rows split among up to a warp. Measured on the
+// H200: bounds-free copies help the forward at d = 64 (+1 to +3%) and cost it 2 to 13% at d = 128
+// and 256 (with 8 or 32 threads per row: its d = 128 kernel reloads more spilled registers). The
+// backward's style against the forward's: +3% at d = 128 at every N, causal or not, d = 256
+// even; its bounded copy with 8 threads per row as well (though whole tiles never take it) undid
+// the gain, as did 32 threads per row in the bounds-free one.
+template <int kUnboundedThreadsPerRowArg, int kUnboundedColsArg>
+struct TileCopyStyle {
+  static constexpr int kUnboundedThreadsPerRow = kUnboundedThreadsPerRowArg, kUnboundedCols = kUnboundedColsArg;
+};
+using ForwardTileCopy = TileCopyStyle<32, 64>;
+using BackwardTileCopy = TileCopyStyle<8, 256>;
+
+template <bool kBounded, typename T, typename Tile, typename Plan>
+__device__ __forceinline__ void copy_tile(uint32_t smem_tile, const T* first_row, int64_t row_stride, int rows_valid,
+                                          int cols_valid, const void* any_valid) {
   const int row0 = int(threadIdx.x) / Plan::kThreadsPerRow;
   const int col0 = (int(threadIdx.x) % Plan::kThreadsPerRow) * 8;
-  const T* src = first_row + row0 * row_stride + col0;
-  const uint32_t dst = smem_tile + Tile::offset(row0, col0);
-  if constexpr (Tile::kCols <= 64) {
+  copy_tile_chunks<kBounded, T, Tile, Plan>(smem_tile + Tile::offset(row0, col0), first_row + row0 * row_stride + col0,
+                                            row_stride, row0, col0, rows_valid, cols_valid, any_valid);
+}
+
+// Copies rows [0, Tile::kRows) starting at `first_row` into a shared tile with cp.async; rows at
+// or past `rows_valid` and columns at or past `cols_valid` become zeros.
+template <typename T, typename Tile, int kThreads, typename Style>
+__device__ __forceinline__ void load_tile_async(uint32_t smem_tile, const T* first_row, int64_t row_stride,
+                                                int rows_valid, int cols_valid, const void* any_valid) {
+  if constexpr (Tile::kCols <= Style::kUnboundedCols) {
     if (rows_valid >= Tile::kRows && cols_valid >= Tile::kCols) {
-      copy_tile_chunks<false, T, Tile, kThreads>(dst, src, row_stride, row0, col0, rows_valid, cols_valid, any_valid);
+      copy_tile<false, T, Tile, TileCopyPlan<Tile, kThreads, Style::kUnboundedThreadsPerRow>>(
+          smem_tile, first_row, row_stride, rows_valid, cols_valid, any_valid);
       return;
     }
   }
-  copy_tile_chunks<true, T, Tile, kThreads>(dst, src, row_stride, row0, col0, rows_valid, cols_valid, any_valid);
+  copy_tile<true, T, Tile, TileCopyPlan<Tile, kThreads>>(smem_tile, first_row, row_stride, rows_valid, cols_valid,
+                                                         any_valid);
 }
 
 }  // namespace flashattn::cuda

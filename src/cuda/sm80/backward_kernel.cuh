@@ -172,11 +172,11 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM, kBlock
     auto load_step = [&](backward_detail::WalkStep pos, int stage) {
       const int h = pos.head, m0 = pos.m_block * kM;
       const int rows = seq.seqlen_q - m0;
-      load_tile_async<Elem, QTile, C::kThreads>(stage_q(stage), operand_row<const Elem>(p.q, b, seq.q_start + m0, h),
-                                                p.q.row, rows, p.head_dim, p.q.data);
-      load_tile_async<Elem, QTile, C::kThreads>(stage_do(stage),
-                                                operand_row<const Elem>(p.dout, b, seq.q_start + m0, h), p.dout.row,
-                                                rows, p.head_dim, p.dout.data);
+      load_tile_async<Elem, QTile, C::kThreads, BackwardTileCopy>(
+          stage_q(stage), operand_row<const Elem>(p.q, b, seq.q_start + m0, h), p.q.row, rows, p.head_dim, p.q.data);
+      load_tile_async<Elem, QTile, C::kThreads, BackwardTileCopy>(
+          stage_do(stage), operand_row<const Elem>(p.dout, b, seq.q_start + m0, h), p.dout.row, rows, p.head_dim,
+          p.dout.data);
       if (threadIdx.x < 2 * kM) {
         const int r = threadIdx.x % kM;
         const bool is_delta = threadIdx.x >= kM;
@@ -188,8 +188,10 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM, kBlock
     // K and V of this block; the first step's query side joins the same group.
     if (base > 0) __syncthreads();  // the previous key block is done with K and V
     if (walk.steps() > 0) {
-      load_tile_async<Elem, KTile, C::kThreads>(s_k, k_rows + j0 * p.k.row, p.k.row, keys_valid, p.head_dim, p.k.data);
-      load_tile_async<Elem, KTile, C::kThreads>(s_v, v_rows + j0 * p.v.row, p.v.row, keys_valid, p.head_dim, p.v.data);
+      load_tile_async<Elem, KTile, C::kThreads, BackwardTileCopy>(s_k, k_rows + j0 * p.k.row, p.k.row, keys_valid,
+                                                                  p.head_dim, p.k.data);
+      load_tile_async<Elem, KTile, C::kThreads, BackwardTileCopy>(s_v, v_rows + j0 * p.v.row, p.v.row, keys_valid,
+                                                                  p.head_dim, p.v.data);
       load_step({walk.head_first, walk.m_begin}, 0);
       cp_async_commit();
     }

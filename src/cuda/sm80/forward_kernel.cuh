@@ -291,8 +291,8 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads)
   const uint32_t s_k = s_q + QTile::kBytes;
   const uint32_t s_v = s_k + KVTile::kBytes;
   auto load_keys = [&](uint32_t tile, const Elem* rows, int64_t stride, const void* base, int n) {
-    load_tile_async<Elem, KVTile, C::kThreads>(tile, rows + int64_t(n) * kN * stride, stride,
-                                               seq.seqlen_k - n * kN, p.head_dim, base);
+    load_tile_async<Elem, KVTile, C::kThreads, ForwardTileCopy>(tile, rows + int64_t(n) * kN * stride, stride,
+                                                                seq.seqlen_k - n * kN, p.head_dim, base);
   };
 
   float o[kRowTiles][C::kOutTiles][4] = {};
@@ -300,7 +300,8 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads)
   const int warp_row = warp * 16 * kRowTiles;  // first row of this warp inside the tile
   auto tile_row0 = [&](int r) { return int64_t(m0) + warp_row + r * 16; };  // query row of tile r
   if (n_begin < n_end) {
-    load_tile_async<Elem, QTile, C::kThreads>(s_q, q_rows, p.q.row, seq.seqlen_q - m0, p.head_dim, p.q.data);
+    load_tile_async<Elem, QTile, C::kThreads, ForwardTileCopy>(s_q, q_rows, p.q.row, seq.seqlen_q - m0, p.head_dim,
+                                                               p.q.data);
     load_keys(s_k, k_rows, p.k.row, p.k.data, n_end - 1);
     cp_async_commit();
   }
