@@ -127,29 +127,6 @@ struct TileCopyPlan {
   static_assert(Tile::kRows % kRowStep == 0, "the threads must cover the tile's rows in whole passes");
 };
 
-// The chunks of a tile copy from this thread's first chunk (`dst`, `src`): with kBounded, rows at
-// or past `rows_valid` and columns at or past `cols_valid` become zeros (their source selected
-// to `any_valid`, size 0); without, every chunk is copied.
-template <bool kBounded, typename T, typename Tile, typename Plan>
-__device__ __forceinline__ void copy_tile_chunks(uint32_t dst, const T* src, int64_t row_stride, int row0, int col0,
-                                                 int rows_valid, int cols_valid, const void* any_valid) {
-#pragma unroll
-  for (int pass = 0; pass < Plan::kPasses; ++pass) {
-#pragma unroll
-    for (int c = 0; c < Plan::kColumnChunks; ++c) {
-      const int dcol = c * Plan::kThreadsPerRow * 8;
-      if constexpr (kBounded) {
-        const bool valid = row0 + pass * Plan::kRowStep < rows_valid && col0 + dcol < cols_valid;
-        cp_async_16(dst + Tile::offset(pass * Plan::kRowStep, dcol),
-                    valid ? static_cast<const void*>(src + dcol) : any_valid, valid);
-      } else {
-        cp_async_16(dst + Tile::offset(pass * Plan::kRowStep, dcol), src + dcol);
-      }
-    }
-    src += Plan::kRowStep * row_stride;
-  }
-}
-
 // How a kernel copies its tiles: whole tiles of up to kUnboundedCols columns skip the per-chunk
 // bounds and their selected addresses, their rows split among at most kUnboundedThreadsPerRow
 // threads; the other tiles take the bounded copy, rows split among up to a warp. Measured on the
@@ -165,13 +142,31 @@ struct TileCopyStyle {
 using ForwardTileCopy = TileCopyStyle<32, 64>;
 using BackwardTileCopy = TileCopyStyle<8, 256>;
 
+// This thread's chunks of a tile under `Plan`: with kBounded, rows at or past `rows_valid` and
+// columns at or past `cols_valid` become zeros (their source selected to `any_valid`, size 0);
+// without, every chunk is copied.
 template <bool kBounded, typename T, typename Tile, typename Plan>
 __device__ __forceinline__ void copy_tile(uint32_t smem_tile, const T* first_row, int64_t row_stride, int rows_valid,
                                           int cols_valid, const void* any_valid) {
   const int row0 = int(threadIdx.x) / Plan::kThreadsPerRow;
   const int col0 = (int(threadIdx.x) % Plan::kThreadsPerRow) * 8;
-  copy_tile_chunks<kBounded, T, Tile, Plan>(smem_tile + Tile::offset(row0, col0), first_row + row0 * row_stride + col0,
-                                            row_stride, row0, col0, rows_valid, cols_valid, any_valid);
+  const uint32_t dst = smem_tile + Tile::offset(row0, col0);
+  const T* src = first_row + row0 * row_stride + col0;
+#pragma unroll
+  for (int pass = 0; pass < Plan::kPasses; ++pass) {
+#pragma unroll
+    for (int c = 0; c < Plan::kColumnChunks; ++c) {
+      const int dcol = c * Plan::kThreadsPerRow * 8;
+      if constexpr (kBounded) {
+        const bool valid = row0 + pass * Plan::kRowStep < rows_valid && col0 + dcol < cols_valid;
+        cp_async_16(dst + Tile::offset(pass * Plan::kRowStep, dcol),
+                    valid ? static_cast<const void*>(src + dcol) : any_valid, valid);
+      } else {
+        cp_async_16(dst + Tile::offset(pass * Plan::kRowStep, dcol), src + dcol);
+      }
+    }
+    src += Plan::kRowStep * row_stride;
+  }
 }
 
 // Copies rows [0, Tile::kRows) starting at `first_row` into a shared tile with cp.async; rows at
