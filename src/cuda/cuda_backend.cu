@@ -312,9 +312,10 @@ struct Workspace {
       w.delta = take(rows * sizeof(float));
       w.lse_log2 = take(rows * sizeof(float));
       w.dq_accum = take(size_t(backward.dq_copies) * rows * backward.padded * sizeof(float));
-      if (backward.hopper && p.deterministic)
-        w.dq_turns = take(size_t(backward.dq_copies) * size_t(sm90::backward_dq_turns(packed_rows_q(p), p.batch, p.heads_q)) *
-                        sizeof(int));
+      if (backward.hopper && p.deterministic) {
+        const size_t turns = size_t(sm90::backward_dq_turns(packed_rows_q(p), p.batch, p.heads_q));
+        w.dq_turns = take(size_t(backward.dq_copies) * turns * sizeof(int));
+      }
     }
     w.total = at;
     return w;
