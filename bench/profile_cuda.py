@@ -5,10 +5,11 @@ kernel by kernel; with --ncu it runs itself under Nsight Compute and prints one 
 metric, a column per kernel. With --sass DIR it samples the warps of our first forward or
 backward kernel (--pass) instead, writes Nsight Compute's per-instruction table to
 DIR/<pass>_<sm90|sm80>_d<d>_n<n>.csv and prints the instructions where the warps stall most,
-with their reasons.
+with their reasons. With --kernel-times it prints each call's kernels as torch.profiler times them.
 
   python3 bench/profile_cuda.py --library build/libflashattn.so --d 64 --n 4096 [--causal] --ncu
   python3 bench/profile_cuda.py --library build/libflashattn.so --d 128 --n 1024 --sass out --pass forward
+  python3 bench/profile_cuda.py --library build/libflashattn.so --d 128 --n 2048 --reference cudnn --kernel-times
 
 bf16, B * N = 16k tokens, H = 2048 / d as in bench_cuda.py. FLASHATTN_CUDA_KERNELS=sm80 in the
 environment profiles the mma.sync kernels on a Hopper GPU.
@@ -40,7 +41,8 @@ METRICS = [
 KERNELS = "regex:forward_kernel|backward_kernel|flash_fwd_kernel|flash_bwd_dq_dk_dv|sdpa"
 
 
-def run_shape(args):
+def shape_calls(args):
+    """(name, closure) for our forward and backward and each reference's, on one shape's tensors."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import torch
     import torch.nn.functional as F
@@ -54,16 +56,58 @@ def run_shape(args):
     q, k, v, dout = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     out, dq, dk, dv = (torch.empty_like(q) for _ in range(4))
     lse = torch.empty((b, h, args.n), device="cuda", dtype=torch.float32)
-    fa.forward_call(q, k, v, out, lse, args.causal)()
-    fa.backward_call(dout, q, k, v, out, lse, dq, dk, dv, args.causal, False)()
-    qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    calls = [("ours forward", fa.forward_call(q, k, v, out, lse, args.causal)),
+             ("ours backward", fa.backward_call(dout, q, k, v, out, lse, dq, dk, dv, args.causal, False))]
     backends = {"flash": [SDPBackend.FLASH_ATTENTION], "cudnn": [SDPBackend.CUDNN_ATTENTION],
                 "both": [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION]}[args.reference]
     for backend in backends:
+        qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
         with sdpa_kernel([backend]):
             ref = F.scaled_dot_product_attention(qg, kg, vg, is_causal=args.causal)
-            torch.autograd.grad(ref, (qg, kg, vg), dout)
+
+        def forward(backend=backend):
+            with sdpa_kernel([backend]):
+                F.scaled_dot_product_attention(q, k, v, is_causal=args.causal)
+
+        def backward(ref=ref, inputs=(qg, kg, vg)):
+            torch.autograd.grad(ref, inputs, dout, retain_graph=True)
+        name = backend.name.split("_")[0].lower()
+        calls += [(f"{name} forward", forward), (f"{name} backward", backward)]
+    return calls
+
+
+def run_shape(args):
+    import torch
+    for _, call in shape_calls(args):
+        call()
     torch.cuda.synchronize()
+
+
+def kernel_times(args, reps=20):
+    """Each call's kernels under torch.profiler: µs per call for each kernel, their sum, and the
+    call's elapsed time between CUDA events (the difference is the GPU idle between kernels)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    print(f"d = {args.d}, N = {args.n}, {'causal' if args.causal else 'non-causal'}, B = {max(1, 16384 // args.n)}, "
+          f"H = {2048 // args.d}; µs per call, mean of {reps}")
+    for name, call in shape_calls(args):
+        for _ in range(3):
+            call()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            start.record()
+            for _ in range(reps):
+                call()
+            end.record()
+            torch.cuda.synchronize()
+        kernels = {}
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                kernels[e.name] = kernels.get(e.name, 0.0) + e.time_range.elapsed_us() / reps
+        print(f"{name}: elapsed {1000 * start.elapsed_time(end) / reps:.1f}, kernels {sum(kernels.values()):.1f}")
+        for kernel, us in sorted(kernels.items(), key=lambda x: -x[1]):
+            print(f"  {us:9.1f}  {kernel[:110]}")
 
 
 def profile(args):
@@ -134,8 +178,17 @@ def main():
     ap.add_argument("--sass", metavar="DIR", help="sample our kernel's warps per SASS instruction into DIR")
     ap.add_argument("--pass", dest="pass_", choices=["forward", "backward"], default="forward")
     ap.add_argument("--top", type=int, default=40, help="instructions printed with --sass")
+    ap.add_argument("--kernel-times", action="store_true",
+                    help="each call's kernels under torch.profiler, in µs per call")
     args = ap.parse_args()
-    sample_sass(args) if args.sass else profile(args) if args.ncu else run_shape(args)
+    if args.sass:
+        sample_sass(args)
+    elif args.ncu:
+        profile(args)
+    elif args.kernel_times:
+        kernel_times(args)
+    else:
+        run_shape(args)
 
 
 if __name__ == "__main__":
