@@ -77,9 +77,12 @@ def shape_calls(args):
 
 
 def run_shape(args):
+    """Each kernel once, for a profiler: the references' forwards ran already, building the graphs
+    of their backwards."""
     import torch
-    for _, call in shape_calls(args):
-        call()
+    for name, call in shape_calls(args):
+        if name.startswith("ours") or name.endswith("backward"):
+            call()
     torch.cuda.synchronize()
 
 
