@@ -189,12 +189,17 @@ def mirrored_medians(groups):
 
 @contextlib.contextmanager
 def sm80_kernels():
-    """The library's mma.sync (sm80) kernels instead of the sm_90a ones, while the context lasts."""
+    """The library's mma.sync (sm80) kernels instead of the sm_90a ones, while the context lasts
+    (then the caller's choice again, if it made one)."""
+    previous = os.environ.get("FLASHATTN_CUDA_KERNELS")
     os.environ["FLASHATTN_CUDA_KERNELS"] = "sm80"
     try:
         yield
     finally:
-        del os.environ["FLASHATTN_CUDA_KERNELS"]
+        if previous is None:
+            del os.environ["FLASHATTN_CUDA_KERNELS"]
+        else:
+            os.environ["FLASHATTN_CUDA_KERNELS"] = previous
 
 
 def sdpa_group(name, backend, q, k, v, dout, causal, backward):

@@ -97,3 +97,16 @@ def test_mirrored_medians_give_every_closure_an_early_and_a_late_place(monkeypat
     assert timed == ["a", "b", "c", "c", "b", "a"]
     assert entered == [2, 3]  # the second group's context, around its closures in both rounds
     assert math.isclose(ms["a"], 1.25) and math.isclose(ms["b"], 1.25) and math.isclose(ms["c"], 2.5)
+
+
+def test_sm80_kernels_restore_the_callers_choice(monkeypatch):
+    import bench_cuda
+
+    monkeypatch.delenv("FLASHATTN_CUDA_KERNELS", raising=False)
+    with bench_cuda.sm80_kernels():
+        assert os.environ["FLASHATTN_CUDA_KERNELS"] == "sm80"
+    assert "FLASHATTN_CUDA_KERNELS" not in os.environ
+    monkeypatch.setenv("FLASHATTN_CUDA_KERNELS", "sm90")
+    with bench_cuda.sm80_kernels():
+        assert os.environ["FLASHATTN_CUDA_KERNELS"] == "sm80"
+    assert os.environ["FLASHATTN_CUDA_KERNELS"] == "sm90"
