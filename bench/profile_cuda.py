@@ -134,7 +134,8 @@ def sample_sass(args):
     """Warp-state sampling of one of our kernels, per SASS instruction."""
     os.makedirs(args.sass, exist_ok=True)
     namespace = "sm80" if os.environ.get("FLASHATTN_CUDA_KERNELS") == "sm80" else "sm90"
-    kernel = f"regex:flashattn::cuda::{'sm90::' if namespace == 'sm90' else ''}{args.pass_}_kernel"
+    wide = "(wide_)?" if namespace == "sm90" and args.pass_ == "backward" else ""  # d = 256 has its own
+    kernel = f"regex:flashattn::cuda::{'sm90::' if namespace == 'sm90' else ''}{wide}{args.pass_}_kernel"
     report = os.path.join(args.sass, f"{args.pass_}_{namespace}_d{args.d}_n{args.n}")
     subprocess.run(["ncu", "-f", "--kernel-name-base", "demangled", "-k", kernel, "--launch-count", "1",
                     "--section", "SourceCounters", "--section", "WarpStateStats", "-o", report,
