@@ -53,6 +53,7 @@ struct BackwardConfig {
   // A consumer's dQ over all keys: d/2 columns of the 64 rows, or all columns of its 64 of 128.
   static constexpr int kDqCols = backward_dq_cols(kD, kGeneral);
   static constexpr int kDqRounds = 1;  // dQ tiles a consumer hands over per step
+  static constexpr int kDqBuffers = backward_dq_buffers(kD);
   __device__ static int dq_row(int wg) { return kM == 128 ? 64 * wg : 0; }
   __device__ static int dq_col(int wg) { return kM == 128 ? 0 : wg * kDqCols; }
   static constexpr int kColumnBlocks = kD / 64;  // 64-column TMA boxes of a row
@@ -66,9 +67,9 @@ struct BackwardConfig {
   static constexpr int kDsOffset = kDoOffset + kStages * QTile::kBytes;
   static constexpr int kDqOffset = kDsOffset + 2 * DsTile::kBytes;  // one dQ tile per consumer
   static_assert(kDqOffset % 1024 == 0, "swizzled TMA boxes start on the 1024-byte swizzle period");
-  static constexpr int kRowsOffset = kDqOffset + 2 * DqTile::kBytes;  // [stage][lse2, delta][kM] floats
+  static constexpr int kRowsOffset = kDqOffset + 2 * kDqBuffers * DqTile::kBytes;  // [stage][lse2, delta][kM] floats
   static constexpr int kBarrierOffset = kRowsOffset + kStages * 2 * kM * 4;
-  static constexpr int kBarriers = backward_barriers(kStages);
+  static constexpr int kBarriers = backward_barriers(kStages, kDqBuffers);
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
   static_assert(kSmemBytes == backward_smem_bytes(kD, kGeneral), "the host reads the same size");
   // Register budgets after reallocation: setmaxnreg moves registers inside the block's launch
@@ -93,9 +94,16 @@ struct BackwardBarriers {
   __device__ uint32_t kv_full() const { return base; }  // K and V, loaded once
   __device__ uint32_t full(int s) const { return base + 8 * (1 + s); }  // Q, dO (TMA) and rows (a warp)
   __device__ uint32_t empty(int s) const { return base + 8 * (1 + kStages + s); }
-  __device__ uint32_t dq_full(int wg) const { return base + 8 * (1 + 2 * kStages + wg); }  // consumer wg's tile
-  __device__ uint32_t dq_empty(int wg) const { return base + 8 * (3 + 2 * kStages + wg); }
+  // Consumer wg's dQ buffer `buf`.
+  __device__ uint32_t dq_full(int wg, int buf = 0) const { return base + 8 * (1 + 2 * kStages + 4 * buf + wg); }
+  __device__ uint32_t dq_empty(int wg, int buf = 0) const { return base + 8 * (3 + 2 * kStages + 4 * buf + wg); }
 };
+
+// Consumer wg's dQ buffer `buf`, of C::DqTile.
+template <typename C>
+__device__ __forceinline__ uint32_t dq_buffer(uint32_t smem, int wg, int buf) {
+  return smem + C::kDqOffset + (2 * buf + wg) * C::DqTile::kBytes;
+}
 
 // What a block does for key block n: which keys, and which (head, query block) steps see them.
 // The steps walk each head of the GQA group over the query blocks that see the keys: from the
@@ -263,7 +271,7 @@ __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, i
   const KernelParams& p = args.p;
   if (w.steps() == 0) return;
   tma_prefetch_map(args.dq_accum);
-  const uint32_t tile = smem + C::kDqOffset + wg * C::DqTile::kBytes;
+  const uint32_t tiles = dq_buffer<C>(smem, wg, 0);  // buffer r follows at r * 2 tiles
   constexpr int kRoundCols = C::kDqCols / C::kDqRounds;  // dQ columns of one handed-over tile
   // Only head dims the host may give two chains compile them (registers: the wide kernel's
   // producer spills with them).
@@ -288,7 +296,9 @@ __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, i
     int* turn = turns + 2 * (h * backward_dq_turn_stride(p.rows_q, p.batch) + m);
 #pragma unroll 1
     for (int r = 0; r < C::kDqRounds; ++r) {
-      mbarrier_wait(bars.dq_full(wg), uint32_t(s * C::kDqRounds + r) & 1u);
+      static_assert(C::kDqBuffers == C::kDqRounds, "a buffer per round: buffer r is handed over once a step");
+      const uint32_t tile = tiles + r * 2 * C::DqTile::kBytes;
+      mbarrier_wait(bars.dq_full(wg, r), uint32_t(s) & 1u);
       if (r == 0 && m >= after_begin && m < after_end) wait_for_turn(turn, n + chains);
 #pragma unroll
       for (int box = 0; box < kRoundCols / 32; ++box)
@@ -296,7 +306,7 @@ __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, i
                           h, row0 + m * C::kM + C::dq_row(wg));
       bulk_commit();
       bulk_wait_read<0>();  // TMA has read the tile: the consumer may refill it
-      mbarrier_arrive(bars.dq_empty(wg));
+      mbarrier_arrive(bars.dq_empty(wg, r));
       if (p.deterministic && r == C::kDqRounds - 1) {  // the tile's next adder waits for ours to land
         bulk_wait<0>();
         pass_turn(turn, n + 1);
@@ -367,13 +377,13 @@ __device__ __forceinline__ void to_score_gradients(const float (&pt)[kTiles][4],
     }
 }
 
-// A consumer's fp32 dQ accumulators (kCols columns) into its shared boxes at `tile`, once its
-// producer thread's TMA has read the previous ones (`handed`: tiles handed over before). The
-// caller announces the tile (announce_dq_tile) after a proxy fence, which it may share.
+// A consumer's fp32 dQ accumulators (kCols columns) into its shared buffer `buf` at `tile`, once
+// its producer thread's TMA has read what the buffer held (`handed`: tiles handed over in it
+// before). The caller announces the tile (announce_dq_tile) after a proxy fence, which it may share.
 template <typename DqTile, int kCols, int kStages>
 __device__ __forceinline__ void store_dq_tile(const float (&dq)[kCols / 8][4], uint32_t tile,
-                                              const BackwardBarriers<kStages>& bars, int wg, int handed) {
-  mbarrier_wait(bars.dq_empty(wg), (uint32_t(handed) & 1u) ^ 1u);
+                                              const BackwardBarriers<kStages>& bars, int wg, int handed, int buf = 0) {
+  mbarrier_wait(bars.dq_empty(wg, buf), (uint32_t(handed) & 1u) ^ 1u);
   const int lane = threadIdx.x % 32, row = 16 * ((threadIdx.x % 128) / 32) + lane / 4;
   const bool swapped = dq_store_group(0, lane) != 0;  // stores group j ^ 2 in pass j: no bank conflicts
 #pragma unroll
@@ -389,15 +399,16 @@ __device__ __forceinline__ void store_dq_tile(const float (&dq)[kCols / 8][4], u
 }
 // Every thread, after a proxy fence that follows its stores: its part of the tile is written.
 template <int kStages>
-__device__ __forceinline__ void announce_dq_tile(const BackwardBarriers<kStages>& bars, int wg) {
-  mbarrier_arrive(bars.dq_full(wg));
+__device__ __forceinline__ void announce_dq_tile(const BackwardBarriers<kStages>& bars, int wg, int buf = 0) {
+  mbarrier_arrive(bars.dq_full(wg, buf));
 }
 template <typename DqTile, int kCols, int kStages>
 __device__ __forceinline__ void hand_over_dq_tile(const float (&dq)[kCols / 8][4], uint32_t tile,
-                                                  const BackwardBarriers<kStages>& bars, int wg, int handed) {
-  store_dq_tile<DqTile, kCols>(dq, tile, bars, wg, handed);
+                                                  const BackwardBarriers<kStages>& bars, int wg, int handed,
+                                                  int buf = 0) {
+  store_dq_tile<DqTile, kCols>(dq, tile, bars, wg, handed, buf);
   fence_async_shared();  // the writes, before TMA reads them
-  announce_dq_tile(bars, wg);
+  announce_dq_tile(bars, wg, buf);
 }
 
 // dK = scale * dK and dV of a consumer's keys key(half) (those below keys_valid) and columns
@@ -449,10 +460,11 @@ __device__ __forceinline__ void run_backward_block(const BackwardArgs& args) {
       mbarrier_init(bars.full(s), 1 + 32);  // the TMA thread's expect-tx and the row warp's lanes
       mbarrier_init(bars.empty(s), 256);  // every consumer thread: it also reads the stage's rows
     }
-    for (int c = 0; c < 2; ++c) {
-      mbarrier_init(bars.dq_full(c), 128);  // the consumer's threads
-      mbarrier_init(bars.dq_empty(c), 1);   // its producer thread, once TMA has read the tile
-    }
+    for (int c = 0; c < 2; ++c)
+      for (int buf = 0; buf < C::kDqBuffers; ++buf) {
+        mbarrier_init(bars.dq_full(c, buf), 128);  // the consumer's threads
+        mbarrier_init(bars.dq_empty(c, buf), 1);   // its producer thread, once TMA has read the tile
+      }
     mbarrier_init_fence();
   }
   __syncthreads();
@@ -622,7 +634,7 @@ struct BackwardConsumer {
   }
 
   // This warpgroup's shared dQ boxes; the dQ tile of step s handed over through them.
-  __device__ uint32_t dq_tile() const { return smem + C::kDqOffset + wg * C::DqTile::kBytes; }
+  __device__ uint32_t dq_tile() const { return dq_buffer<C>(smem, wg, 0); }
   __device__ void hand_over_dq(const float (&dq)[C::kDqCols / 8][4], int s) const {
     hand_over_dq_tile<typename C::DqTile, C::kDqCols>(dq, dq_tile(), bars, wg, s);
   }

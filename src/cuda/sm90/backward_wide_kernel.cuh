@@ -6,7 +6,8 @@
 //   dV += P^T dO, dK += dS^T Q         consumer w: columns [128 w, 128 w + 128), wgmma SS
 //   dQ += dS K                         consumer w: the same columns, in two 64-column rounds
 // Q and dO have one stage (K, V, Q and dO take 128 KB); the producer, the row warp and the dQ
-// reduce-adds are those of the narrow kernel (backward_kernel.cuh), dQ in two rounds per step.
+// reduce-adds are those of the narrow kernel (backward_kernel.cuh), dQ in two rounds per step, each
+// round's tile in a shared buffer of its own.
 #pragma once
 
 #include "cuda/sm90/backward_kernel.cuh"
@@ -24,6 +25,8 @@ struct WideBackwardConfig {
   static constexpr int kCols = kD / 2;      // dK, dV and dQ columns of a consumer
   static constexpr int kDqCols = kCols;
   static constexpr int kDqRounds = 2;       // dQ tiles of kCols / 2 columns a consumer hands over per step
+  static constexpr int kDqBuffers = backward_dq_buffers(kD);  // one per round
+  static_assert(kDqBuffers == kDqRounds);
   static constexpr int kColumnBlocks = kD / 64;
   using QTile = SwizzledTile<kM, kD>;   // Q and dO
   using KTile = SwizzledTile<kN, kD>;   // K and V
@@ -38,12 +41,13 @@ struct WideBackwardConfig {
   static constexpr int kDsOffset = kPOffset + PTile::kBytes;
   static constexpr int kDqOffset = kDsOffset + PTile::kBytes;
   static_assert(kDqOffset % 1024 == 0, "swizzled TMA boxes start on the 1024-byte swizzle period");
-  static constexpr int kRowsOffset = kDqOffset + 2 * DqTile::kBytes;
+  static constexpr int kRowsOffset = kDqOffset + 2 * kDqBuffers * DqTile::kBytes;
   static constexpr int kBarrierOffset = kRowsOffset + kStages * 2 * kM * 4;
-  static constexpr int kBarriers = backward_barriers(kStages);
+  static constexpr int kBarriers = backward_barriers(kStages, kDqBuffers);
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
   static_assert(kSmemBytes == backward_smem_bytes(kD), "the host reads the same size");
-  static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
+  // 40 / 232 as in the narrow kernel: the dQ reduce thread, with a buffer per round, spills in 24.
+  static constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
   static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 384 * 168, "over the block's registers");
 };
 
@@ -64,7 +68,6 @@ struct WideBackwardConsumer {
   BackwardBarriers<C::kStages> bars;
   int wg;  // consumer index: queries [32 wg, +32) of S^T, columns [128 wg, +128) of dK, dV, dQ
   float dk[kCols / 8][4], dv[kCols / 8][4];
-  int rounds = 0;  // dQ tiles handed over so far
 
   __device__ uint32_t k_tile() const { return smem; }
   __device__ uint32_t v_tile() const { return smem + C::kVOffset; }
@@ -156,7 +159,7 @@ struct WideBackwardConsumer {
       wgmma_commit();
       wgmma_wait<0>();
       fence_registers(flat<kRoundCols>(dq));
-      hand_over_dq(dq);
+      hand_over_dq(dq, r, s);
     }
   }
 
@@ -171,11 +174,9 @@ struct WideBackwardConsumer {
       }
   }
 
-  // A dQ round to this consumer's shared boxes.
-  __device__ void hand_over_dq(const float (&dq)[kRoundCols / 8][4]) {
-    const uint32_t tile = smem + C::kDqOffset + wg * C::DqTile::kBytes;
-    hand_over_dq_tile<typename C::DqTile, kRoundCols>(dq, tile, bars, wg, rounds);
-    ++rounds;
+  // dQ round r of step s to this consumer's buffer r (handed over once a step).
+  __device__ void hand_over_dq(const float (&dq)[kRoundCols / 8][4], int r, int s) {
+    hand_over_dq_tile<typename C::DqTile, kRoundCols>(dq, dq_buffer<C>(smem, wg, r), bars, wg, s, r);
   }
 
   // dK = scale * sum dS^T Q and dV of the valid keys, this consumer's columns.

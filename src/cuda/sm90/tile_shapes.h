@@ -135,17 +135,23 @@ constexpr int backward_dq_cols(int head_dim, bool general = false) {
   return backward_wide(head_dim) ? head_dim / 4 : s.block_m == 128 ? head_dim : head_dim / 2;
 }
 
-// The backward's mbarriers: K/V, full and empty per Q/dO stage, dQ full and empty per consumer.
-constexpr int backward_barriers(int stages) { return 1 + 2 * stages + 4; }
+// dQ tiles per consumer: the wide kernel hands over two per step (two rounds of d/4 columns), each
+// in a buffer of its own, so that the second round does not wait for TMA to read the first.
+constexpr int backward_dq_buffers(int head_dim) { return backward_wide(head_dim) ? 2 : 1; }
 
-// K, V, the Q and dO stages, two dS^T buffers (narrow) or the P^T and dS^T tiles (wide), a 64-row
-// fp32 dQ tile per consumer, lse and delta rows per stage, the mbarriers, and 1 KiB of slack for
-// the alignment of the tiles.
+// The backward's mbarriers: K/V, full and empty per Q/dO stage, dQ full and empty per consumer and
+// dQ buffer.
+constexpr int backward_barriers(int stages, int dq_buffers) { return 1 + 2 * stages + 4 * dq_buffers; }
+
+// K, V, the Q and dO stages, two dS^T buffers (narrow) or the P^T and dS^T tiles (wide), the 64-row
+// fp32 dQ buffers of each consumer, lse and delta rows per stage, the mbarriers, and 1 KiB of
+// slack for the alignment of the tiles.
 constexpr int backward_smem_bytes(int head_dim, bool general = false) {
   const BackwardShape s = backward_shape(head_dim, general);
-  const int barriers = backward_barriers(s.stages);
+  const int buffers = backward_dq_buffers(head_dim), barriers = backward_barriers(s.stages, buffers);
   return 2 * head_dim * (2 * s.block_n + 2 * s.stages * s.block_m) + 2 * 2 * s.block_n * s.block_m +
-         2 * 4 * backward_dq_cols(head_dim, general) * 64 + 2 * 4 * s.block_m * s.stages + 8 * barriers + 1024;
+         2 * buffers * 4 * backward_dq_cols(head_dim, general) * 64 + 2 * 4 * s.block_m * s.stages + 8 * barriers +
+         1024;
 }
 
 }  // namespace flashattn::cuda::sm90
