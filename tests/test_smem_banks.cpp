@@ -1,6 +1,7 @@
 // Shared-memory bank use of the sm90 backward's dQ tile stores (cuda/sm90/float_tile.h): each
-// pass of a warp writes the tile with one wavefront per half-warp (8-byte stores are served a
-// half-warp at a time), and the passes together write every element of the tile exactly once.
+// 16-byte store of a warp writes the tile with one wavefront per quarter-warp (16-byte stores are
+// served 8 lanes at a time), the stores together write every element of the tile exactly once,
+// and each accumulator element lands where the finish kernel reads its column.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,64 +13,95 @@
 
 namespace {
 
-using flashattn::cuda::sm90::dq_store_group;
+using flashattn::cuda::sm90::dq_fragment_position;
 using flashattn::cuda::sm90::SwizzledFloatTile;
 
-// Wavefronts for one 8-byte store of lanes [first, first + 16): per bank, the distinct 4-byte
-// words it must serve; the most any bank serves.
-int half_warp_wavefronts(const std::vector<uint32_t>& byte_addresses, int first) {
+// Wavefronts for one store of `bytes` per lane by lanes [first, first + count): per bank, the
+// distinct 4-byte words it must serve; the most any bank serves.
+int wavefronts(const std::vector<uint32_t>& byte_addresses, int first, int count, int bytes) {
   std::map<int, std::set<uint32_t>> words_of_bank;
-  for (int lane = first; lane < first + 16; ++lane)
-    for (uint32_t word = byte_addresses[lane] / 4; word < byte_addresses[lane] / 4 + 2; ++word)
+  for (int lane = first; lane < first + count; ++lane)
+    for (uint32_t word = byte_addresses[lane] / 4; word < (byte_addresses[lane] + bytes) / 4; ++word)
       words_of_bank[int(word % 32)].insert(word);
   size_t most = 0;
   for (const auto& [bank, words] : words_of_bank) most = std::max(most, words.size());
   return int(most);
 }
 
-// Stores a warpgroup's Rows x Cols accumulator tile as the kernels do, `group_of(pass, lane)`
-// choosing the 8-column group a lane stores in each pass. Returns the worst wavefront count of a
-// half-warp store; every element written is counted in `writes`.
-template <int Rows, int Cols, typename GroupOf>
-int store_tile(GroupOf group_of, std::map<uint32_t, int>& writes) {
+// A warpgroup's Rows x Cols accumulator tile stored as store_dq_tile does: groups j and j + 1 of
+// a row in one 16-byte store at the fragment position of column 8 j + 2 q. Returns the worst
+// wavefront count of a quarter-warp; `writes` counts each byte address written and `value_at`
+// maps it to the accumulator column stored there.
+template <int Rows, int Cols>
+int store_tile(std::map<uint32_t, int>& writes, std::map<uint32_t, int>& column_at) {
   using Tile = SwizzledFloatTile<Rows, Cols>;
   int worst = 0;
   for (int warp = 0; warp < Rows / 16; ++warp)
-    for (int pass = 0; pass < Cols / 8; ++pass)
+    for (int j = 0; j < Cols / 8; j += 2)
       for (int half = 0; half < 2; ++half) {
         std::vector<uint32_t> addresses(32);
         for (int lane = 0; lane < 32; ++lane) {
-          const int row = 16 * warp + lane / 4 + 8 * half, col = 8 * group_of(pass, lane) + 2 * (lane % 4);
-          addresses[lane] = Tile::offset(row, col);
-          ++writes[addresses[lane]];
-          ++writes[addresses[lane] + 4];
+          const int row = 16 * warp + lane / 4 + 8 * half, q = lane % 4;
+          addresses[lane] = Tile::offset(row, dq_fragment_position(8 * j + 2 * q));
+          const int columns[4] = {8 * j + 2 * q, 8 * j + 2 * q + 1, 8 * (j + 1) + 2 * q, 8 * (j + 1) + 2 * q + 1};
+          for (int e = 0; e < 4; ++e) {
+            ++writes[addresses[lane] + 4 * e];
+            column_at[addresses[lane] + 4 * e] = columns[e];
+          }
         }
-        worst = std::max({worst, half_warp_wavefronts(addresses, 0), half_warp_wavefronts(addresses, 16)});
+        for (int quarter = 0; quarter < 4; ++quarter)
+          worst = std::max(worst, wavefronts(addresses, 8 * quarter, 8, 16));
       }
   return worst;
 }
 
 template <int Rows, int Cols>
-void expect_conflict_free_and_complete() {
-  std::map<uint32_t, int> writes;
-  EXPECT_EQ((store_tile<Rows, Cols>(dq_store_group, writes)), 1) << Rows << " x " << Cols;
+void expect_conflict_free_complete_and_in_fragment_order() {
+  using Tile = SwizzledFloatTile<Rows, Cols>;
+  std::map<uint32_t, int> writes, column_at;
+  EXPECT_EQ((store_tile<Rows, Cols>(writes, column_at)), 1) << Rows << " x " << Cols;
   EXPECT_EQ(writes.size(), size_t(Rows * Cols)) << "every element of the tile written";
   for (const auto& [address, count] : writes) {
     EXPECT_EQ(count, 1) << "byte " << address << " written " << count << " times";
-    EXPECT_LT(address, uint32_t(SwizzledFloatTile<Rows, Cols>::kBytes));
+    EXPECT_LT(address, uint32_t(Tile::kBytes));
   }
+  // The finish kernel reads column c of a row at fragment position dq_fragment_position(c).
+  for (int row = 0; row < Rows; ++row)
+    for (int c = 0; c < Cols; ++c)
+      EXPECT_EQ(column_at[Tile::offset(row, dq_fragment_position(c))], c) << "row " << row << ", column " << c;
 }
 
-TEST(Sm90DqTileStores, OneWavefrontPerHalfWarpAndEveryElementOnce) {
-  expect_conflict_free_and_complete<64, 32>();  // d = 64: 32 columns a consumer
-  expect_conflict_free_and_complete<64, 64>();  // d = 128, and each round of d = 256
+TEST(Sm90DqTileStores, OneWavefrontPerQuarterWarpEveryElementOnceInFragmentOrder) {
+  expect_conflict_free_complete_and_in_fragment_order<64, 32>();  // d = 64 general: 32 columns a consumer
+  expect_conflict_free_complete_and_in_fragment_order<64, 64>();  // d = 128, d = 64, each round of d = 256
 }
 
-// The model sees the conflict the store order removes: in the accumulator's own order, two rows
-// of a half-warp meet on every 16-byte chunk.
-TEST(Sm90DqTileStores, AccumulatorOrderWouldConflictTwoWays) {
-  std::map<uint32_t, int> writes;
-  EXPECT_EQ((store_tile<64, 64>([](int pass, int) { return pass; }, writes)), 2);
+// The order is a permutation of each 32-column block and its own inverse (the finish kernel reads
+// 8 columns c of a block as 4 pairs at 8 q + 2 c / 8, the stores write a lane's pairs in a row).
+TEST(Sm90DqTileStores, FragmentOrderIsAnInvolutionWithinBlocks) {
+  std::set<int> seen;
+  for (int col = 0; col < 256; ++col) {
+    const int at = dq_fragment_position(col);
+    EXPECT_EQ(at / 32, col / 32) << col;
+    EXPECT_EQ(dq_fragment_position(at), col) << col;
+    seen.insert(at);
+  }
+  EXPECT_EQ(seen.size(), 256u);
+  EXPECT_EQ(dq_fragment_position(8 * 1 + 2 * 3 + 1), 8 * 3 + 2 * 1 + 1);  // group 1, lane 3: at lane 3's 32 bytes
+}
+
+// The model sees a conflict when there is one: 16-byte stores of the accumulator's own column
+// order (groups j, j + 1 of a lane are not contiguous there) would be two 8-byte stores of a
+// half-warp on 4 chunks, and plain 16-byte stores in one row per quarter-warp meet on the chunks.
+TEST(Sm90DqTileStores, ModelCountsConflicts) {
+  using Tile = SwizzledFloatTile<64, 64>;
+  std::vector<uint32_t> addresses(32);
+  for (int lane = 0; lane < 32; ++lane) addresses[lane] = Tile::offset(lane / 4, 2 * (lane % 4));
+  EXPECT_EQ(wavefronts(addresses, 0, 16, 8), 2);
+  for (int lane = 0; lane < 32; ++lane) addresses[lane] = Tile::offset(0, 4 * (lane % 8));
+  EXPECT_EQ(wavefronts(addresses, 0, 8, 16), 1);
+  for (int lane = 0; lane < 32; ++lane) addresses[lane] = Tile::offset(8 * (lane % 2), 4 * (lane / 2 % 4));
+  EXPECT_EQ(wavefronts(addresses, 0, 8, 16), 2);
 }
 
 }  // namespace

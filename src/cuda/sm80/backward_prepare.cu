@@ -1,6 +1,7 @@
 // The small kernels around the backward's main kernel.
 //   prepare: delta = rowsum(dO * O) and lse * log2(e) per (head, packed query row), dq_accum = 0;
-//   finish:  dq = scale * (sum of the dq_accum copies, in a fixed order), converted to T.
+//   finish:  dq = scale * (sum of the dq_accum copies, in a fixed order), converted to T; the
+//            sm90 backward's dq_accum is in fragment order within 32-column blocks.
 #include <cmath>
 
 #include "cuda/launch.h"
@@ -75,9 +76,25 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(const __grid_constant
   }
 }
 
+// Columns [col, col + 8) of a dq_accum row: contiguous, or in the sm90 backward's fragment order,
+// where column 8 c + 2 q + e of a 32-column block sits at 8 q + 2 c + e (sm90/float_tile.h).
+__device__ __forceinline__ void load_dq_columns(const float* row, int col, bool fragment_order, float4& lo, float4& hi) {
+  if (!fragment_order) {
+    lo = reinterpret_cast<const float4*>(row + col)[0];
+    hi = reinterpret_cast<const float4*>(row + col)[1];
+    return;
+  }
+  const float* block = row + (col & ~31) + 2 * ((col % 32) / 8);
+  const float2 a = *reinterpret_cast<const float2*>(block), b = *reinterpret_cast<const float2*>(block + 8);
+  const float2 c = *reinterpret_cast<const float2*>(block + 16), d = *reinterpret_cast<const float2*>(block + 24);
+  lo = make_float4(a.x, a.y, b.x, b.y);
+  hi = make_float4(c.x, c.y, d.x, d.y);
+}
+
 // One thread per 8 columns of dq.
 template <typename T>
-__global__ void __launch_bounds__(kThreads) finish_kernel(const __grid_constant__ KernelParams p, int padded_d) {
+__global__ void __launch_bounds__(kThreads) finish_kernel(const __grid_constant__ KernelParams p, int padded_d,
+                                                          bool fragment_order) {
   using Elem = typename T::storage;
   const int chunks = padded_d / 8;
   const int64_t item = int64_t(blockIdx.x) * kThreads + threadIdx.x;  // (packed row, head, chunk)
@@ -89,11 +106,13 @@ __global__ void __launch_bounds__(kThreads) finish_kernel(const __grid_constant_
   int64_t i;
   if (col >= p.head_dim || !locate_row(p, row, &b, &i)) return;
   const int64_t copy_stride = p.rows_q * p.heads_q * padded_d;
-  const float4* src = reinterpret_cast<const float4*>(p.dq_accum + (row * p.heads_q + h) * padded_d + col);
-  float4 lo = src[0], hi = src[1];
+  const float* src = p.dq_accum + (row * p.heads_q + h) * padded_d;
+  float4 lo, hi;
+  load_dq_columns(src, col, fragment_order, lo, hi);
   for (int c = 1; c < p.dq_copies; ++c) {
-    src += copy_stride / 4;
-    const float4 a = src[0], e = src[1];
+    src += copy_stride;
+    float4 a, e;
+    load_dq_columns(src, col, fragment_order, a, e);
     lo = make_float4(lo.x + a.x, lo.y + a.y, lo.z + a.z, lo.w + a.w);
     hi = make_float4(hi.x + e.x, hi.y + e.y, hi.z + e.z, hi.w + e.w);
   }
@@ -115,16 +134,16 @@ Status launch_backward_prepare(const KernelParams& p, int padded_head_dim, cudaS
 }
 
 template <typename T>
-Status launch_backward_finish(const KernelParams& p, int padded_head_dim, cudaStream_t stream) {
+Status launch_backward_finish(const KernelParams& p, int padded_head_dim, bool fragment_order, cudaStream_t stream) {
   const int64_t threads = p.rows_q * p.heads_q * (padded_head_dim / 8);
   if (threads == 0) return Status::ok();
-  finish_kernel<T><<<blocks_for(threads), kThreads, 0, stream>>>(p, padded_head_dim);
+  finish_kernel<T><<<blocks_for(threads), kThreads, 0, stream>>>(p, padded_head_dim, fragment_order);
   return device_status(cudaGetLastError(), "backward finish_kernel launch");
 }
 
 template Status launch_backward_prepare<fp16>(const KernelParams&, int, cudaStream_t);
 template Status launch_backward_prepare<bf16>(const KernelParams&, int, cudaStream_t);
-template Status launch_backward_finish<fp16>(const KernelParams&, int, cudaStream_t);
-template Status launch_backward_finish<bf16>(const KernelParams&, int, cudaStream_t);
+template Status launch_backward_finish<fp16>(const KernelParams&, int, bool, cudaStream_t);
+template Status launch_backward_finish<bf16>(const KernelParams&, int, bool, cudaStream_t);
 
 }  // namespace flashattn::cuda

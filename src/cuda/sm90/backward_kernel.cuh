@@ -377,7 +377,8 @@ __device__ __forceinline__ void to_score_gradients(const float (&pt)[kTiles][4],
     }
 }
 
-// A consumer's fp32 dQ accumulators (kCols columns) into its shared buffer `buf` at `tile`, once
+// A consumer's fp32 dQ accumulators (kCols columns, in fragment order: dq_fragment_position) into
+// its shared buffer `buf` at `tile`, once
 // its producer thread's TMA has read what the buffer held (`handed`: tiles handed over in it
 // before). The caller announces the tile (announce_dq_tile) after a proxy fence, which it may share.
 template <typename DqTile, int kCols, int kStages>
@@ -385,16 +386,14 @@ __device__ __forceinline__ void store_dq_tile(const float (&dq)[kCols / 8][4], u
                                               const BackwardBarriers<kStages>& bars, int wg, int handed, int buf = 0) {
   mbarrier_wait(bars.dq_empty(wg, buf), (uint32_t(handed) & 1u) ^ 1u);
   const int lane = threadIdx.x % 32, row = 16 * ((threadIdx.x % 128) / 32) + lane / 4;
-  const bool swapped = dq_store_group(0, lane) != 0;  // stores group j ^ 2 in pass j: no bank conflicts
+  static_assert(kCols % 32 == 0, "whole 32-column blocks");
 #pragma unroll
-  for (int j = 0; j < kCols / 8; ++j)
+  for (int j = 0; j < kCols / 8; j += 2)  // groups j and j + 1: 16 contiguous bytes in fragment order
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const float x = swapped ? dq[j ^ 2][2 * half] : dq[j][2 * half];
-      const float y = swapped ? dq[j ^ 2][2 * half + 1] : dq[j][2 * half + 1];
-      const int col = 8 * dq_store_group(j, lane) + 2 * (lane % 4);
-      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(tile + DqTile::offset(row + 8 * half, col)), "f"(x),
-                   "f"(y));
+      const int at = dq_fragment_position(8 * j + 2 * (lane % 4));
+      asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(tile + DqTile::offset(row + 8 * half, at)),
+                   "f"(dq[j][2 * half]), "f"(dq[j][2 * half + 1]), "f"(dq[j + 1][2 * half]), "f"(dq[j + 1][2 * half + 1]));
     }
 }
 // Every thread, after a proxy fence that follows its stores: its part of the tile is written.

@@ -20,11 +20,13 @@ struct SwizzledFloatTile {
 };
 
 // A wgmma accumulator holds, per lane, rows lane / 4 and lane / 4 + 8 of its warp's 16 and
-// columns 8 j + 2 (lane % 4) + {0, 1} for every 8-column group j. Stored as 8-byte pairs, pass j
-// of every lane in a half-warp (4 rows x 4 lanes) would fill only 4 of the 8 swizzled 16-byte
-// chunks of a row: two rows per chunk, a 2-way bank conflict. Lanes 2 and 3 of each quad
-// therefore store group j ^ 2 in pass j (the same 32-column block), which puts the half-warp's
-// 16 pairs on 8 distinct chunks: one wavefront per half-warp. Needs groups in fours (32 columns).
-constexpr int dq_store_group(int pass, int lane) { return (lane & 2) ? pass ^ 2 : pass; }
+// columns 8 j + 2 q + {0, 1} (q = lane % 4) for every 8-column group j. The sm90 backward keeps
+// dq_accum in the accumulator's order within each 32-column block: column 8 j + 2 q + e of the
+// block sits at 8 q + 2 j + e, so a lane's 8 columns of a row are 32 contiguous bytes, two 16-byte
+// stores without shuffles. A quarter-warp (2 rows x 4 lanes) then fills the 8 swizzled chunks of
+// the two rows once: one wavefront. The map swaps j and q, so it is its own inverse.
+constexpr int dq_fragment_position(int col) {
+  return (col & ~31) | ((col % 8) / 2) * 8 | ((col % 32) / 8) * 2 | (col % 2);
+}
 
 }  // namespace flashattn::cuda::sm90
