@@ -30,7 +30,7 @@ int wavefronts(const std::vector<uint32_t>& byte_addresses, int first, int count
 
 // A warpgroup's Rows x Cols accumulator tile stored as store_dq_tile does: groups j and j + 1 of
 // a row in one 16-byte store at the fragment position of column 8 j + 2 q. Returns the worst
-// wavefront count of a quarter-warp; `writes` counts each byte address written and `value_at`
+// wavefront count of a quarter-warp; `writes` counts each byte address written and `column_at`
 // maps it to the accumulator column stored there.
 template <int Rows, int Cols>
 int store_tile(std::map<uint32_t, int>& writes, std::map<uint32_t, int>& column_at) {
@@ -90,9 +90,9 @@ TEST(Sm90DqTileStores, FragmentOrderIsAnInvolutionWithinBlocks) {
   EXPECT_EQ(dq_fragment_position(8 * 1 + 2 * 3 + 1), 8 * 3 + 2 * 1 + 1);  // group 1, lane 3: at lane 3's 32 bytes
 }
 
-// The model sees a conflict when there is one: 16-byte stores of the accumulator's own column
-// order (groups j, j + 1 of a lane are not contiguous there) would be two 8-byte stores of a
-// half-warp on 4 chunks, and plain 16-byte stores in one row per quarter-warp meet on the chunks.
+// The model counts conflicts where there are some: 8-byte pairs in the accumulator's own column
+// order take two wavefronts per half-warp (4 rows on 4 chunks); 16-byte stores of the 8 chunks
+// of one row take one; of rows 0 and 8, which share a swizzle, two.
 TEST(Sm90DqTileStores, ModelCountsConflicts) {
   using Tile = SwizzledFloatTile<64, 64>;
   std::vector<uint32_t> addresses(32);

@@ -378,9 +378,9 @@ __device__ __forceinline__ void to_score_gradients(const float (&pt)[kTiles][4],
 }
 
 // A consumer's fp32 dQ accumulators (kCols columns, in fragment order: dq_fragment_position) into
-// its shared buffer `buf` at `tile`, once
-// its producer thread's TMA has read what the buffer held (`handed`: tiles handed over in it
-// before). The caller announces the tile (announce_dq_tile) after a proxy fence, which it may share.
+// its shared buffer `buf` at `tile`, once its producer thread's TMA has read what the buffer held
+// (`handed`: tiles handed over in it before). The caller announces the tile (announce_dq_tile)
+// after a proxy fence, which it may share.
 template <typename DqTile, int kCols, int kStages>
 __device__ __forceinline__ void store_dq_tile(const float (&dq)[kCols / 8][4], uint32_t tile,
                                               const BackwardBarriers<kStages>& bars, int wg, int handed, int buf = 0) {
