@@ -26,7 +26,6 @@ struct WideBackwardConfig {
   static constexpr int kDqCols = kCols;
   static constexpr int kDqRounds = 2;       // dQ tiles of kCols / 2 columns a consumer hands over per step
   static constexpr int kDqBuffers = backward_dq_buffers(kD);  // one per round
-  static_assert(kDqBuffers == kDqRounds);
   static constexpr int kColumnBlocks = kD / 64;
   using QTile = SwizzledTile<kM, kD>;   // Q and dO
   using KTile = SwizzledTile<kN, kD>;   // K and V
