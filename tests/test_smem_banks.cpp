@@ -9,11 +9,16 @@
 #include <set>
 #include <vector>
 
+#include "cuda/dq_accum_layout.h"
 #include "cuda/sm90/float_tile.h"
 
 namespace {
 
-using flashattn::cuda::sm90::dq_fragment_position;
+using flashattn::cuda::dq_fragment_position;
+using flashattn::cuda::dq_accum_copy_floats;
+using flashattn::cuda::dq_accum_index;
+using flashattn::cuda::dq_quad_position;
+using flashattn::cuda::DqLayout;
 using flashattn::cuda::sm90::SwizzledFloatTile;
 
 // Wavefronts for one store of `bytes` per lane by lanes [first, first + count): per bank, the
@@ -76,18 +81,68 @@ TEST(Sm90DqTileStores, OneWavefrontPerQuarterWarpEveryElementOnceInFragmentOrder
   expect_conflict_free_complete_and_in_fragment_order<64, 64>();  // d = 128, d = 64, each round of d = 256
 }
 
-// The order is a permutation of each 32-column block and its own inverse (the finish kernel reads
-// 8 columns c of a block as 4 pairs at 8 q + 2 c / 8, the stores write a lane's pairs in a row).
-TEST(Sm90DqTileStores, FragmentOrderIsAnInvolutionWithinBlocks) {
-  std::set<int> seen;
-  for (int col = 0; col < 256; ++col) {
-    const int at = dq_fragment_position(col);
-    EXPECT_EQ(at / 32, col / 32) << col;
-    EXPECT_EQ(dq_fragment_position(at), col) << col;
-    seen.insert(at);
+// Each layout places every (row, head, column) of a copy at its own index inside the copy (rows
+// not a multiple of 8: row tiles pad them), the fragment order is its own inverse within 32-column
+// blocks, and the finish kernel finds 8 columns as four pairs from the first one's index on, at
+// the stride between the first two.
+TEST(DqAccumLayout, LayoutsArePermutationsOfACopy) {
+  constexpr int kRows = 21, kHeads = 3, kD = 64;
+  for (const DqLayout layout : {DqLayout::plain, DqLayout::fragments, DqLayout::row_tiles}) {
+    const int64_t floats = dq_accum_copy_floats(layout, kRows, kHeads, kD);
+    EXPECT_EQ(floats, (layout == DqLayout::row_tiles ? 24 : kRows) * kHeads * kD);
+    std::set<int64_t> seen;
+    for (int row = 0; row < kRows; ++row)
+      for (int h = 0; h < kHeads; ++h)
+        for (int col = 0; col < kD; ++col) {
+          const int64_t at = dq_accum_index(layout, row, h, col, kHeads, kD);
+          EXPECT_TRUE(at >= 0 && at < floats) << row << ", " << h << ", " << col;
+          seen.insert(at);
+          if (col % 8 == 0) {
+            const int64_t stride = dq_accum_index(layout, row, h, col + 2, kHeads, kD) - at;
+            for (int pair = 0; pair < 4; ++pair)
+              for (int e = 0; e < 2; ++e)
+                EXPECT_EQ(dq_accum_index(layout, row, h, col + 2 * pair + e, kHeads, kD), at + pair * stride + e)
+                    << row << ", " << h << ", " << col << " + " << 2 * pair + e;
+          }
+        }
+    EXPECT_EQ(seen.size(), size_t(kRows) * kHeads * kD);
   }
-  EXPECT_EQ(seen.size(), 256u);
+  for (int col = 0; col < 256; ++col) {
+    EXPECT_EQ(dq_fragment_position(col) / 32, col / 32) << col;
+    EXPECT_EQ(dq_fragment_position(dq_fragment_position(col)), col) << col;
+  }
   EXPECT_EQ(dq_fragment_position(8 * 1 + 2 * 3 + 1), 8 * 3 + 2 * 1 + 1);  // group 1, lane 3: at lane 3's 32 bytes
+  EXPECT_EQ(dq_quad_position(8 * 1 + 2 * 3 + 1), 4 * 3 + 2 * 1 + 1);      // group 1, lane 3: at lane 3's 16 bytes
+}
+
+// The sm80 backward adds a lane's columns of n8 tiles 2u and 2u + 1 of its row (columns
+// col0 + 2 q + e and col0 + 8 + 2 q + e, col0 a multiple of 16) with one 16-byte reduction at the
+// first one's index: the four must be adjacent, in that order, 16-byte aligned, the next 16
+// columns 128 floats on, and the 32 lanes of a warp (8 rows from a multiple of 8) must cover 512
+// contiguous bytes, whole 128-byte lines.
+TEST(DqAccumLayout, RowTilesTakeAWarpsReductionInWholeLines) {
+  constexpr int kHeads = 5, kD = 128;
+  for (const int row0 : {0, 8, 40})
+    for (int h = 0; h < kHeads; ++h)
+      for (int col0 = 0; col0 < kD; col0 += 16) {
+        std::set<int64_t> warp_floats;
+        for (int g = 0; g < 8; ++g)
+          for (int q = 0; q < 4; ++q) {
+            auto at = [&](int col) { return dq_accum_index(DqLayout::row_tiles, row0 + g, h, col, kHeads, kD); };
+            const int64_t first = at(col0 + 2 * q);
+            EXPECT_EQ(first % 4, 0);
+            EXPECT_EQ(at(col0 + 2 * q + 1), first + 1);
+            EXPECT_EQ(at(col0 + 8 + 2 * q), first + 2);
+            EXPECT_EQ(at(col0 + 8 + 2 * q + 1), first + 3);
+            if (col0 + 16 < kD) {
+              EXPECT_EQ(at(col0 + 16 + 2 * q), first + 128);
+            }
+            for (int64_t f = first; f < first + 4; ++f) warp_floats.insert(f);
+          }
+        EXPECT_EQ(warp_floats.size(), 128u);
+        EXPECT_EQ(*warp_floats.begin() % 128, 0) << "starts a 512-byte run";
+        EXPECT_EQ(*warp_floats.rbegin() - *warp_floats.begin(), 127) << "contiguous";
+      }
 }
 
 // The model counts conflicts where there are some: 8-byte pairs in the accumulator's own column

@@ -8,6 +8,7 @@
 
 #include "core/backend.h"
 #include "cuda/device.h"
+#include "cuda/dq_accum_layout.h"
 #include "cuda/dispatch.h"
 #include "cuda/launch.h"
 #include "cuda/sm80/backward_kernel.cuh"
@@ -177,6 +178,7 @@ struct BackwardChoice {
   int smem = 0;
   bool hopper = false;
   int dq_copies = 1;
+  DqLayout dq_layout = DqLayout::plain;
 };
 
 // The backward that serves `p`: the sm_90a kernel where hopper_kernel() finds one (head dims up
@@ -201,6 +203,9 @@ BackwardChoice choose_backward(const Params& p) {
   c.dq_copies = !c.hopper           ? backward_dq_copies(p, c.block_n)
                 : p.deterministic ? sm90::backward_dq_chains(c.padded, masked, p.seqlen_k)
                                   : 1;
+  // The sm80 backward adds row tiles where vector reductions exist (dq_accum_layout.h).
+  const bool row_tiles = device_info(p.device_index).compute_capability >= 90;
+  c.dq_layout = c.hopper ? DqLayout::fragments : row_tiles ? DqLayout::row_tiles : DqLayout::plain;
   return c;
 }
 
@@ -311,7 +316,9 @@ struct Workspace {
     } else {
       w.delta = take(rows * sizeof(float));
       w.lse_log2 = take(rows * sizeof(float));
-      w.dq_accum = take(size_t(backward.dq_copies) * rows * backward.padded * sizeof(float));
+      w.dq_accum = take(size_t(backward.dq_copies) *
+                        size_t(dq_accum_copy_floats(backward.dq_layout, packed_rows_q(p), p.heads_q, backward.padded)) *
+                        sizeof(float));
       if (backward.hopper && p.deterministic) {
         const size_t turns = size_t(sm90::backward_dq_turns(packed_rows_q(p), p.batch, p.heads_q));
         w.dq_turns = take(size_t(backward.dq_copies) * turns * sizeof(int));
@@ -376,6 +383,7 @@ KernelParams kernel_params(const Params& p, const Choice& choice) {
     k.dq_copies = choice.backward.dq_copies;
     if (choice.backward.hopper && p.deterministic) k.dq_turns = reinterpret_cast<int*>(base + w.dq_turns);
     k.deterministic = p.deterministic ? 1 : 0;
+    k.dq_layout = int(choice.backward.dq_layout);
   }
   return k;
 }

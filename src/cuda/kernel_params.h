@@ -45,6 +45,7 @@ struct KernelParams {
   int dq_copies = 1;          // deterministic mode: one per block of the grid (sm80), per chain (sm90)
   int* dq_turns = nullptr;    // deterministic sm90 backward: next key block to add, per dQ tile
   int deterministic = 0;      // fixed order of every dq_accum sum
+  int dq_layout = 0;          // column order of dq_accum: a DqLayout (dq_accum_layout.h)
 };
 
 }  // namespace flashattn::cuda

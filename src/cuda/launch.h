@@ -28,10 +28,10 @@ Status launch_combine(const KernelParams& p, int padded_head_dim, cudaStream_t s
 // Backward before the main kernel: delta = rowsum(dO * O), dq_accum = 0.
 template <typename T>
 Status launch_backward_prepare(const KernelParams& p, int padded_head_dim, cudaStream_t stream);
-// Backward after the main kernel: dq = scale * sum of the dq_accum copies, in T. fragment_order:
-// dq_accum as the sm90 backward writes it (sm90/float_tile.h), else plain columns.
+// Backward after the main kernel: dq = scale * sum of the dq_accum copies, in T, read in the
+// column order that p.dq_layout names.
 template <typename T>
-Status launch_backward_finish(const KernelParams& p, int padded_head_dim, bool fragment_order, cudaStream_t stream);
+Status launch_backward_finish(const KernelParams& p, int padded_head_dim, cudaStream_t stream);
 
 namespace sm90 {
 // The sm_90a kernels (TMA, wgmma, warp specialisation); no dropout. The backward serves head

@@ -21,6 +21,7 @@
 #include "cuda/common/mma.cuh"
 #include "cuda/common/numeric.cuh"
 #include "cuda/common/smem.cuh"
+#include "cuda/dq_accum_layout.h"
 #include "cuda/sm80/attention_common.cuh"
 #include "cuda/sm80/tile_shapes.h"
 
@@ -84,32 +85,42 @@ struct WalkStep {
   }
 };
 
-// Adds the half `half` (row g, or g + 8) of a warp's 16-row dQ tiles (n8 tiles side by side) to
-// the dq_accum row `row`, 16-byte aligned. From sm_90 on, lanes t and t ^ 1 swap one pair per two
-// tiles, so that each lane holds four adjacent columns and adds them with one vector reduction
-// (a quarter of the scalar atomic instructions); before sm_90, scalar reductions.
-template <int kTiles>
-__device__ __forceinline__ void accumulate_dq_row(float* row, bool valid, const float (&dq)[kTiles][4], int half) {
+// Adds the half `half` (row g, or g + 8) of a warp's 16-row dQ tiles (n8 tiles side by side from
+// column col0, a multiple of 16) to packed row `row` of head h in dq_accum. From sm_90 on,
+// dq_accum is in row tiles (dq_accum_layout.h): a lane's columns of tiles 2u and 2u + 1 are four
+// adjacent floats, added by one vector reduction without shuffles, and the warp's reduction covers
+// whole 128-byte lines (+2 to +5% at d = 128 and 256 on the H200 over plain columns, whose lanes
+// swapped pairs by shuffles; the fragment order's 32-byte runs per lane cost 10 to 17%). Before
+// sm_90, scalar reductions in the layout the host names (KernelParams::dq_layout: row tiles where
+// this code runs from PTX on a later device).
+template <int kD, int kTiles>
+__device__ __forceinline__ void accumulate_dq_row(float* accum, int64_t row, int h, int heads, int col0, bool valid,
+                                                  const float (&dq)[kTiles][4], int half, DqLayout layout) {
+  if (!valid) return;
   const int t = threadIdx.x % 4;
 #if __CUDA_ARCH__ >= 900
-  const bool odd = t % 2 == 1;  // odd lanes end up with tile 2u + 1, even lanes with tile 2u
+  static_assert(kTiles % 2 == 0, "pairs of n8 tiles");
+  float* at = accum + dq_accum_index(DqLayout::row_tiles, row, h, col0 + 2 * t, heads, kD);
 #pragma unroll
-  for (int u = 0; u < kTiles / 2; ++u) {
-    const float lo0 = dq[2 * u][2 * half], lo1 = dq[2 * u][2 * half + 1];
-    const float hi0 = dq[2 * u + 1][2 * half], hi1 = dq[2 * u + 1][2 * half + 1];
-    const float got0 = __shfl_xor_sync(0xffffffffu, odd ? lo0 : hi0, 1);
-    const float got1 = __shfl_xor_sync(0xffffffffu, odd ? lo1 : hi1, 1);
-    const float4 v = odd ? make_float4(got0, got1, hi0, hi1) : make_float4(lo0, lo1, got0, got1);
-    float* at = row + 16 * u + (odd ? 8 + 2 * (t - 1) : 2 * t);
-    if (valid) atomicAdd(reinterpret_cast<float4*>(at), v);
+  for (int u = 0; u < kTiles / 2; ++u) {  // 16-column blocks are 128 floats apart
+    const float4 v = make_float4(dq[2 * u][2 * half], dq[2 * u][2 * half + 1], dq[2 * u + 1][2 * half],
+                                 dq[2 * u + 1][2 * half + 1]);
+    atomicAdd(reinterpret_cast<float4*>(at + 128 * u), v);
   }
 #else
-  if (!valid) return;
+  if (layout == DqLayout::plain) {
+    float* at = accum + (row * heads + h) * kD + col0 + 2 * t;
 #pragma unroll
-  for (int dt = 0; dt < kTiles; ++dt) {
-    atomicAdd(row + dt * 8 + 2 * t, dq[dt][2 * half]);
-    atomicAdd(row + dt * 8 + 2 * t + 1, dq[dt][2 * half + 1]);
+    for (int dt = 0; dt < kTiles; ++dt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) atomicAdd(at + dt * 8 + e, dq[dt][2 * half + e]);
+    return;
   }
+#pragma unroll
+  for (int dt = 0; dt < kTiles; ++dt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      atomicAdd(accum + dq_accum_index(layout, row, h, col0 + dt * 8 + 2 * t + e, heads, kD), dq[dt][2 * half + e]);
 #endif
 }
 
@@ -151,7 +162,9 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM, kBlock
 
   const Elem* k_rows = operand_row<const Elem>(p.k, b, seq.k_start, hk);
   const Elem* v_rows = operand_row<const Elem>(p.v, b, seq.k_start, hk);
-  float* dq_accum = p.dq_accum + (p.dq_copies > 1 ? int64_t(blockIdx.x) * p.rows_q * p.heads_q * kD : 0);
+  float* dq_accum =
+      p.dq_accum +
+      (p.dq_copies > 1 ? int64_t(blockIdx.x) * dq_accum_copy_floats(DqLayout(p.dq_layout), p.rows_q, p.heads_q, kD) : 0);
   const semantics::Dropout drop{p.dropout_threshold, p.dropout_inv_keep, p.dropout_seed, p.dropout_offset};
 
   // Deterministic mode: block c of G walks key blocks c, 2G-1-c, 2G+c, 4G-1-c, ... so that under a
@@ -364,15 +377,14 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM, kBlock
             }
           }
         }
-        const int64_t dq_pitch = int64_t(p.heads_q) * kD;  // floats from one dq_accum row to the next
-        const int first_row = m0 + row0 + g;                // this lane's first query row
-        float* dq_rows = dq_accum + (seq.packed_q + first_row) * dq_pitch + int64_t(h) * kD + dq_col0;
+        const int first_row = m0 + row0 + g;  // this lane's first query row
 #pragma unroll
         for (int rt = 0; rt < kRowTiles; ++rt)
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int r = rt * 16 + half * 8;
-            backward_detail::accumulate_dq_row(dq_rows + r * dq_pitch, first_row + r < seq.seqlen_q, dq[rt], half);
+            backward_detail::accumulate_dq_row<kD>(dq_accum, seq.packed_q + first_row + r, h, p.heads_q, dq_col0,
+                                                   first_row + r < seq.seqlen_q, dq[rt], half, DqLayout(p.dq_layout));
           }
       }
     }

@@ -55,7 +55,7 @@ template <typename T, int kD>
 Status launch_backward(const KernelParams& p, cudaStream_t stream) {
   FA_TRY(launch_backward_prepare<T>(p, kD, stream));
   if (p.seqlen_k > 0) FA_TRY((launch_backward_main_fitting<T, kD>(p, stream)));
-  return launch_backward_finish<T>(p, kD, /*fragment_order=*/false, stream);
+  return launch_backward_finish<T>(p, kD, stream);
 }
 
 }  // namespace flashattn::cuda

@@ -49,7 +49,7 @@ Status launch_backward(const KernelParams& p, cudaStream_t stream) {
   if (p.seqlen_k > 0)
     FA_TRY((ScoreRule::is_general(p) ? launch_backward_main<T, kD, true>(p, stream)
                                      : launch_backward_main<T, kD, false>(p, stream)));
-  return launch_backward_finish<T>(p, kD, /*fragment_order=*/true, stream);
+  return launch_backward_finish<T>(p, kD, stream);
 }
 
 }  // namespace flashattn::cuda::sm90
