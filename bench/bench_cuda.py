@@ -261,7 +261,8 @@ def main():
         if not args.long and not args.no_sm80 and not args.ours_only:
             with sm80_kernels():  # the workspace sizes are the sm80 kernels' too
                 groups.append((sm80_kernels, [("sm80_fwd", fa.forward_call(q, k, v, out, lse, causal))] + (
-                    [("sm80_bwd", fa.backward_call(dout, q, k, v, out, lse, dq, dk, dv, causal, False))]
+                    [("sm80_bwd", fa.backward_call(dout, q, k, v, out, lse, dq, dk, dv, causal, False)),
+                     ("sm80_bwd_det", fa.backward_call(dout, q, k, v, out, lse, dq, dk, dv, causal, True))]
                     if backward else [])))
         ref = None
         for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
@@ -277,8 +278,8 @@ def main():
         fl_f, fl_b = flops(b, heads, n, d, causal, False), flops(b, heads, n, d, causal, True)
         tf = lambda fl, t: fl / (t * 1e-3) / 1e12 if t else float("nan")
         row = dict(d=d, n=n, batch=b, heads=heads, causal=causal, max_abs_diff_vs_sdpa=err)
-        for name in ("ours_fwd", "ours_bwd", "ours_bwd_det", "sm80_fwd", "sm80_bwd", "flash_fwd", "flash_bwd",
-                     "cudnn_fwd", "cudnn_bwd"):
+        for name in ("ours_fwd", "ours_bwd", "ours_bwd_det", "sm80_fwd", "sm80_bwd", "sm80_bwd_det", "flash_fwd",
+                     "flash_bwd", "cudnn_fwd", "cudnn_bwd"):
             row[name] = tf(fl_b if "bwd" in name else fl_f, ms.get(name))
         # One training step of the layer, forward + backward, against cuDNN's.
         both = lambda impl: ms[f"{impl}_fwd"] + ms[f"{impl}_bwd"] if f"{impl}_bwd" in ms and f"{impl}_fwd" in ms else None
@@ -294,9 +295,9 @@ def main():
              f"cuDNN {torch.backends.cudnn.version()} · commit {commit} · bf16, B·N = 16k, H = 2048/d",
              "",
              "| B | H | d | N | causal | ours fwd | sm80 fwd | FLASH fwd | cuDNN fwd | ours/cuDNN | sm80/FLASH "
-             "| ours bwd | sm80 bwd | det bwd | FLASH bwd | cuDNN bwd | ours/cuDNN | sm80/FLASH | det/default "
-             "| fwd+bwd ours/cuDNN |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| ours bwd | sm80 bwd | det bwd | sm80 det | FLASH bwd | cuDNN bwd | ours/cuDNN | sm80/FLASH "
+             "| det/default | sm80 det/default | fwd+bwd ours/cuDNN |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     ratio = lambda a, b: f"{a / b:.2f}" if a == a and b == b and b else "-"
     num = lambda x: f"{x:.0f}" if x == x else "-"
     for r in rows:
@@ -304,12 +305,13 @@ def main():
             f"| {r['batch']} | {r['heads']} | {r['d']} | {r['n']} | {'yes' if r['causal'] else 'no'} "
             f"| {num(r['ours_fwd'])} | {num(r['sm80_fwd'])} | {num(r['flash_fwd'])} "
             f"| {num(r['cudnn_fwd'])} | {ratio(r['ours_fwd'], r['cudnn_fwd'])} | {ratio(r['sm80_fwd'], r['flash_fwd'])} "
-            f"| {num(r['ours_bwd'])} | {num(r['sm80_bwd'])} | {num(r['ours_bwd_det'])} | {num(r['flash_bwd'])} "
-            f"| {num(r['cudnn_bwd'])} | {ratio(r['ours_bwd'], r['cudnn_bwd'])} | {ratio(r['sm80_bwd'], r['flash_bwd'])} "
-            f"| {ratio(r['ours_bwd_det'], r['ours_bwd'])} | {ratio(r['ours_step'], r['cudnn_step'])} |")
+            f"| {num(r['ours_bwd'])} | {num(r['sm80_bwd'])} | {num(r['ours_bwd_det'])} | {num(r['sm80_bwd_det'])} "
+            f"| {num(r['flash_bwd'])} | {num(r['cudnn_bwd'])} | {ratio(r['ours_bwd'], r['cudnn_bwd'])} "
+            f"| {ratio(r['sm80_bwd'], r['flash_bwd'])} | {ratio(r['ours_bwd_det'], r['ours_bwd'])} "
+            f"| {ratio(r['sm80_bwd_det'], r['sm80_bwd'])} | {ratio(r['ours_step'], r['cudnn_step'])} |")
     table = "\n".join(lines) + ("\n\nTFLOP/s (forward 4·B·H·N²·d, halved when causal; backward 2.5×). "
                                  "ours = the kernels the library picks (sm_90a on Hopper; dropout runs on sm80); "
-                                 "sm80 = the mma.sync kernels, FLASHATTN_CUDA_KERNELS=sm80; "
+                                 "sm80 = the mma.sync kernels, FLASHATTN_CUDA_KERNELS=sm80; det = deterministic; "
                                  "fwd+bwd = one forward and one backward. Each figure: the mean of two medians, "
                                  "one timed in the row's order and one in the reverse order.\n")
     print(table)

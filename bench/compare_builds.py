@@ -121,7 +121,7 @@ def side_by_side(results):
     runs, every build's figures, and each later build's gain over the first."""
     num = lambda x: f"{x:.0f}" if measured(x) else "-"
     # The kernels the library picks (ours), and the mma.sync ones where the machine has sm_90a ones.
-    columns = [c for c in ("ours_fwd", "ours_bwd", "ours_bwd_det", "sm80_fwd", "sm80_bwd")
+    columns = [c for c in ("ours_fwd", "ours_bwd", "ours_bwd_det", "sm80_fwd", "sm80_bwd", "sm80_bwd_det")
                if any(measured(r.get(c)) for _, rows in results for r in rows.values())]
     label = lambda c: c.replace("ours_", "").replace("_", " ")
     head = ["d", "N", "causal", "cuDNN fwd", "cuDNN bwd", "FLASH fwd", "FLASH bwd"]
