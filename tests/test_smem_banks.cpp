@@ -1,7 +1,8 @@
-// Shared-memory bank use of the sm90 backward's dQ tile stores (cuda/sm90/float_tile.h): each
-// 16-byte store of a warp writes the tile with one wavefront per quarter-warp (16-byte stores are
-// served 8 lanes at a time), the stores together write every element of the tile exactly once,
-// and each accumulator element lands where the finish kernel reads its column.
+// The layouts of the backward's dq_accum (cuda/dq_accum_layout.h), and the shared-memory bank use
+// of the sm90 backward's dQ tile stores (cuda/sm90/float_tile.h): each 16-byte store of a warp
+// writes the tile with one wavefront per quarter-warp (16-byte stores are served 8 lanes at a
+// time), the stores together write every element of the tile exactly once, and each accumulator
+// element lands where the finish kernel reads its column.
 #include <gtest/gtest.h>
 
 #include <algorithm>
