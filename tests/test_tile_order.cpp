@@ -1,16 +1,20 @@
 // The tile order of the persistent sm90 forward (cuda/sm90/tile_shapes.h): every tile exactly
 // once, head-major, a head's query tiles last-first, splits innermost; its choice of tile shape;
-// and the shared memory of the sm90 kernels' shapes.
+// the shared memory of the sm90 kernels' shapes; and the deterministic backward's turn per dQ tile.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <set>
 #include <tuple>
+#include <vector>
 
 #include "cuda/sm90/tile_shapes.h"
 
 namespace {
 
 using flashattn::cuda::sm90::backward_dq_cols;
+using flashattn::cuda::sm90::backward_dq_turn_stride;
+using flashattn::cuda::sm90::backward_dq_turns;
 using flashattn::cuda::sm90::backward_shape;
 using flashattn::cuda::sm90::backward_smem_bytes;
 using flashattn::cuda::sm90::forward_shape;
@@ -80,6 +84,37 @@ TEST(TileShape, Sm90KernelsFitSharedMemory) {
   EXPECT_EQ(backward_dq_cols(64, true), 32);
   EXPECT_EQ(backward_shape(128).block_m, 64);
   EXPECT_EQ(backward_dq_cols(128), 64);
+}
+
+
+// Deterministic mode keeps one turn per (query tile, consumer) at 2 * (h * stride + packed_q(b) /
+// block_m + b + m) + consumer: no two tiles of a call may share it, and it stays inside the
+// backward_dq_turns ints the host allocates, for dense and varlen batches (empty sequences and
+// lengths that are not multiples of the tile included).
+TEST(BackwardDqTurns, EveryTileHasATurnOfItsOwn) {
+  const std::vector<std::vector<int64_t>> batches = {{1}, {64}, {65, 1, 127}, {0, 300, 0, 64, 1000}, {129, 129}};
+  for (const int block_m : {64, 128})
+    for (const int heads : {1, 3})
+      for (const auto& seqlens : batches) {
+        int64_t rows_q = 0;
+        for (const int64_t n : seqlens) rows_q += n;
+        const int64_t batch = int64_t(seqlens.size()), stride = backward_dq_turn_stride(rows_q, batch);
+        std::set<int64_t> seen;
+        size_t tiles = 0;
+        for (int h = 0; h < heads; ++h) {
+          int64_t packed_q = 0;
+          for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t m = 0; m < (seqlens[b] + block_m - 1) / block_m; ++m, ++tiles)
+              for (int consumer = 0; consumer < 2; ++consumer) {
+                const int64_t turn = 2 * (h * stride + packed_q / block_m + b + m) + consumer;
+                EXPECT_TRUE(turn >= 0 && turn < backward_dq_turns(rows_q, batch, heads)) << turn;
+                seen.insert(turn);
+              }
+            packed_q += seqlens[b];
+          }
+        }
+        EXPECT_EQ(seen.size(), 2 * tiles) << "block_m " << block_m << ", heads " << heads;
+      }
 }
 
 }  // namespace
