@@ -90,7 +90,7 @@ struct WalkStep {
 // dq_accum is in row tiles (dq_accum_layout.h): a lane's columns of tiles 2u and 2u + 1 are four
 // adjacent floats, added by one vector reduction without shuffles, and the warp's reduction covers
 // whole 128-byte lines (+2 to +5% at d = 128 and 256 on the H200 over plain columns, whose lanes
-// swapped pairs by shuffles; the fragment order's 32-byte runs per lane cost 10 to 17%). Before
+// swapped pairs by shuffles; the fragment order's 32-byte runs per lane cost 8 to 17%). Before
 // sm_90, scalar reductions in the layout the host names (KernelParams::dq_layout: row tiles where
 // this code runs from PTX on a later device).
 template <int kD, int kTiles>
