@@ -24,9 +24,13 @@ constexpr int dq_fragment_position(int col) {
 }
 constexpr int dq_quad_position(int col) { return (col & ~15) | ((col % 8) / 2) * 4 | ((col % 16) / 8) * 2 | (col % 2); }
 
-// Floats of one dq_accum copy of rows_q packed rows: row tiles pad the rows to whole groups of 8.
+// Rows of one dq_accum copy for rows_q packed rows: row tiles pad them to whole groups of 8.
+constexpr int64_t dq_accum_rows(DqLayout layout, int64_t rows_q) {
+  return layout == DqLayout::row_tiles ? (rows_q + 7) / 8 * 8 : rows_q;
+}
+// Floats of one dq_accum copy.
 constexpr int64_t dq_accum_copy_floats(DqLayout layout, int64_t rows_q, int64_t heads, int d) {
-  return (layout == DqLayout::row_tiles ? (rows_q + 7) / 8 * 8 : rows_q) * heads * d;
+  return dq_accum_rows(layout, rows_q) * heads * d;
 }
 // Where column col of packed row `row`, head h sits in a copy.
 constexpr int64_t dq_accum_index(DqLayout layout, int64_t row, int h, int col, int heads, int d) {

@@ -161,7 +161,7 @@ unsigned blocks_for(int64_t threads) { return unsigned((threads + kThreads - 1) 
 template <typename T>
 Status launch_backward_prepare(const KernelParams& p, int padded_head_dim, cudaStream_t stream) {
   // Items (head, packed row) include row tiles' padding rows, which only zero dq_accum.
-  const int64_t items = dq_accum_copy_floats(DqLayout(p.dq_layout), p.rows_q, p.heads_q, 1);
+  const int64_t items = dq_accum_rows(DqLayout(p.dq_layout), p.rows_q) * p.heads_q;
   if (items == 0) return Status::ok();
   prepare_kernel<T><<<blocks_for(items * prepare_group_lanes(padded_head_dim)), kThreads, 0, stream>>>(p, padded_head_dim);
   return device_status(cudaGetLastError(), "backward prepare_kernel launch");
