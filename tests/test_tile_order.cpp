@@ -8,13 +8,14 @@
 #include <tuple>
 #include <vector>
 
+#include "cuda/dq_accum_layout.h"
 #include "cuda/sm90/tile_shapes.h"
 
 namespace {
 
 using flashattn::cuda::sm90::backward_dq_cols;
-using flashattn::cuda::sm90::backward_dq_turn_stride;
-using flashattn::cuda::sm90::backward_dq_turns;
+using flashattn::cuda::backward_dq_turn_stride;
+using flashattn::cuda::backward_dq_turns;
 using flashattn::cuda::sm90::backward_shape;
 using flashattn::cuda::sm90::backward_smem_bytes;
 using flashattn::cuda::sm90::forward_shape;
@@ -88,9 +89,9 @@ TEST(TileShape, Sm90KernelsFitSharedMemory) {
 
 
 // Deterministic mode keeps one turn per (query tile, consumer) at 2 * (h * stride + packed_q(b) /
-// block_m + b + m) + consumer: no two tiles of a call may share it, and it stays inside the
-// backward_dq_turns ints the host allocates, for dense and varlen batches (empty sequences and
-// lengths that are not multiples of the tile included).
+// block_m + b + m) + consumer (the sm80 backward uses consumer 0's): no two tiles of a call may
+// share it, and it stays inside the backward_dq_turns ints the host allocates, for dense and
+// varlen batches (empty sequences and lengths that are not multiples of the tile included).
 TEST(BackwardDqTurns, EveryTileHasATurnOfItsOwn) {
   const std::vector<std::vector<int64_t>> batches = {{1}, {64}, {65, 1, 127}, {0, 300, 0, 64, 1000}, {129, 129}};
   for (const int block_m : {64, 128})

@@ -157,19 +157,6 @@ ForwardChoice choose_forward(const Params& p) {
   return c;
 }
 
-// dq_accum copies of a deterministic sm80 backward: one block per (copy, batch, kv head), at most one
-// wave of one block per multiprocessor; each copy takes every copies-th key block of block_n keys.
-int backward_dq_copies(const Params& p, int block_n) {
-  if (!p.deterministic) return 1;
-  const int64_t n_blocks = (int64_t(p.seqlen_k) + block_n - 1) / block_n;
-  const int64_t blocks = std::max<int64_t>(1, int64_t(p.batch) * p.heads_kv);
-  const int sms = device_info(p.device_index).multiprocessors;
-  int64_t copies = std::clamp<int64_t>(sms / blocks, 1, std::max<int64_t>(1, n_blocks));
-  const int64_t per_copy = (n_blocks + copies - 1) / std::max<int64_t>(1, copies);
-  if (per_copy > 0) copies = (n_blocks + per_copy - 1) / per_copy;  // equal shares, no idle copy
-  return int(std::max<int64_t>(1, copies));
-}
-
 // The backward that serves a call (choose_backward() below).
 struct BackwardChoice {
   Launcher launch = nullptr;
@@ -198,11 +185,9 @@ BackwardChoice choose_backward(const Params& p) {
     const int block_n = narrow ? backward_narrow_block_n(padded) : backward_shape(padded).block_n;
     c = {v->backward, padded, block_n, v->backward_smem, false};
   }
-  // The sm90 kernel orders its deterministic adds by turns, in one or two chains.
+  // Deterministic adds take turns (dq_accum_layout.h); the sm90 kernel's in one or two chains.
   const bool masked = p.window_left >= 0 || p.window_right >= 0;
-  c.dq_copies = !c.hopper           ? backward_dq_copies(p, c.block_n)
-                : p.deterministic ? sm90::backward_dq_chains(c.padded, masked, p.seqlen_k)
-                                  : 1;
+  c.dq_copies = c.hopper && p.deterministic ? sm90::backward_dq_chains(c.padded, masked, p.seqlen_k) : 1;
   // The sm80 backward adds row tiles where vector reductions exist (dq_accum_layout.h).
   const bool row_tiles = device_info(p.device_index).compute_capability >= 90;
   c.dq_layout = c.hopper ? DqLayout::fragments : row_tiles ? DqLayout::row_tiles : DqLayout::plain;
@@ -319,8 +304,8 @@ struct Workspace {
       w.dq_accum = take(size_t(backward.dq_copies) *
                         size_t(dq_accum_copy_floats(backward.dq_layout, packed_rows_q(p), p.heads_q, backward.padded)) *
                         sizeof(float));
-      if (backward.hopper && p.deterministic) {
-        const size_t turns = size_t(sm90::backward_dq_turns(packed_rows_q(p), p.batch, p.heads_q));
+      if (p.deterministic) {
+        const size_t turns = size_t(backward_dq_turns(packed_rows_q(p), p.batch, p.heads_q));
         w.dq_turns = take(size_t(backward.dq_copies) * turns * sizeof(int));
       }
     }
@@ -381,7 +366,7 @@ KernelParams kernel_params(const Params& p, const Choice& choice) {
     k.lse_log2 = reinterpret_cast<float*>(base + w.lse_log2);
     k.dq_accum = reinterpret_cast<float*>(base + w.dq_accum);
     k.dq_copies = choice.backward.dq_copies;
-    if (choice.backward.hopper && p.deterministic) k.dq_turns = reinterpret_cast<int*>(base + w.dq_turns);
+    if (p.deterministic) k.dq_turns = reinterpret_cast<int*>(base + w.dq_turns);
     k.deterministic = p.deterministic ? 1 : 0;
     k.dq_layout = int(choice.backward.dq_layout);
   }

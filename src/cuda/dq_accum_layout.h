@@ -39,4 +39,14 @@ constexpr int64_t dq_accum_index(DqLayout layout, int64_t row, int h, int col, i
   return (row * heads + h) * d + (layout == DqLayout::fragments ? dq_fragment_position(col) : col);
 }
 
+// Deterministic mode orders the adds to each dQ tile by key block, descending, through one int per
+// (query tile, consumer) in global memory (the sm80 backward uses consumer 0's): query tile m (of
+// block_m rows) of sequence b and head h is (h * stride + packed_q(b) / block_m + b + m) with
+// stride = rows_q / 64 + batch + 1 (enough for block_m >= 64), which no two tiles share. Each
+// holds 1 + the key block that added to the tile last.
+constexpr int64_t backward_dq_turn_stride(int64_t rows_q, int64_t batch) { return rows_q / 64 + batch + 1; }
+constexpr int64_t backward_dq_turns(int64_t rows_q, int64_t batch, int64_t heads_q) {
+  return 2 * heads_q * backward_dq_turn_stride(rows_q, batch);
+}
+
 }  // namespace flashattn::cuda

@@ -42,8 +42,8 @@ struct KernelParams {
   float* delta = nullptr;     // [heads_q][rows_q]: rowsum(dO * O)
   float* lse_log2 = nullptr;  // [heads_q][rows_q]: lse * log2(e), +inf where lse = -inf (P = 0)
   float* dq_accum = nullptr;  // [copies][rows_q][heads_q][padded head dim], fp32
-  int dq_copies = 1;          // deterministic mode: one per block of the grid (sm80), per chain (sm90)
-  int* dq_turns = nullptr;    // deterministic sm90 backward: next key block to add, per dQ tile
+  int dq_copies = 1;          // deterministic sm90 backward: one per chain
+  int* dq_turns = nullptr;    // deterministic mode: 1 + the key block that added last, per dQ tile
   int deterministic = 0;      // fixed order of every dq_accum sum
   int dq_layout = 0;          // column order of dq_accum: a DqLayout (dq_accum_layout.h)
 };

@@ -199,8 +199,8 @@ TEST_F(CudaAttentionRuns, BackwardFitsAHundredKilobytesUpToHeadDim128) {
 // with empty sequences), launched with the heads interleaved (short sequences) and head after
 // head (the window's 17 key blocks), in two chains of turns (d = 64 without a mask from 4096
 // keys: even and odd key blocks add to their own dq_accum copies; with and without softcap, whose
-// kernel takes 64-row steps), and with batch x kv heads past the number of multiprocessors (the
-// sm80 kernel's blocks then walk every key block into one dq_accum copy).
+// kernel takes 64-row steps), and with batch x kv heads past the number of multiprocessors (more
+// blocks than are resident at once: a block waits only for turns of blocks launched before it).
 TEST_F(CudaAttentionRuns, DeterministicBackwardIsBitIdentical) {
   std::vector<Case> cases = {dense_case(1, 2, 700, 128, true), dense_case(1, 2, 700, 64, true),
                              dense_case(2, 80, 300, 64, true)};

@@ -8,8 +8,9 @@
 // A key group of d_split warps owns 16 or 32 keys: each warp computes S^T for 1 / d_split of the
 // query rows; P and dS meet in shared memory, from which dK/dV take a layout of their own (32
 // keys and a part of the head dim per warp, tile_shapes.h).
-// Deterministic mode: the grid holds one block per dq_accum copy and each block walks its key
-// blocks in a fixed order, so every dq_accum address has a single writer in a fixed order.
+// Deterministic mode: the adds to each dQ tile take turns by key block, descending (one int per
+// tile in global memory, dq_accum_layout.h), so every dq_accum address sees its adds in a fixed
+// order.
 #pragma once
 
 #include <cmath>
@@ -124,6 +125,42 @@ __device__ __forceinline__ void accumulate_dq_row(float* accum, int64_t row, int
 #endif
 }
 
+// The key block, kv head and sequence of this thread block: the grid is (key blocks, kv heads,
+// batch), or in deterministic mode without a mask (kv heads, batch, key blocks), the pairs
+// innermost (launch_backward_main). Deterministic mode runs key blocks in descending order, so
+// that key block n + 1, whose adds to a dQ tile come before this block's, was launched before it
+// (no block waits for one that may not be resident). Without a mask every key block of a pair
+// walks the same query blocks in step, each a step behind the last; with the pairs innermost,
+// blocks resident at once seldom belong to one pair (at N = 1k and 4k, 0.70 of the default
+// backward's speed at d = 64 otherwise). Under a causal mask key blocks start their walks at
+// their diagonals and hardly wait, and key blocks innermost run a pair's lighter blocks first.
+struct BlockCoord {
+  int key_block, kv_head, batch;
+};
+__device__ __forceinline__ bool backward_pairs_innermost(const KernelParams& p) {
+  return p.deterministic && p.window_left < 0 && p.window_right < 0;
+}
+__device__ __forceinline__ BlockCoord block_coord(const KernelParams& p) {
+  if (!p.deterministic) return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
+  if (backward_pairs_innermost(p)) return {int(gridDim.z - 1 - blockIdx.z), int(blockIdx.x), int(blockIdx.y)};
+  return {int(gridDim.x - 1 - blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
+}
+
+// Deterministic mode's turns (dq_accum_layout.h): thread 0 waits until key block `predecessor`
+// has added to the tile, and hands the tile on once every thread's adds precede the hand-over (a
+// block-wide barrier after the adds, then a release, which orders them at gpu scope).
+__device__ __forceinline__ void wait_for_turn(const int* turn, int predecessor) {
+  int now;
+  for (;;) {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(now) : "l"(turn) : "memory");
+    if (now == predecessor + 1) return;
+    __nanosleep(64);
+  }
+}
+__device__ __forceinline__ void pass_turn(int* turn, int adder) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(turn), "r"(adder + 1) : "memory");
+}
+
 }  // namespace backward_detail
 
 // Dropout and general scores (ScoreRule::is_general) are template parameters, so the common
@@ -139,7 +176,8 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM, kBlock
   constexpr int kM = C::kM, kN = C::kN;
   extern __shared__ __align__(128) unsigned char smem[];
 
-  const int hk = blockIdx.y, b = blockIdx.z;
+  const backward_detail::BlockCoord at = backward_detail::block_coord(p);
+  const int hk = at.kv_head, b = at.batch, n = at.key_block;
   const Sequence seq = Sequence::of(p, b);
   const int n_blocks = (seq.seqlen_k + kN - 1) / kN;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -162,250 +200,273 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM, kBlock
 
   const Elem* k_rows = operand_row<const Elem>(p.k, b, seq.k_start, hk);
   const Elem* v_rows = operand_row<const Elem>(p.v, b, seq.k_start, hk);
-  float* dq_accum =
-      p.dq_accum +
-      (p.dq_copies > 1 ? int64_t(blockIdx.x) * dq_accum_copy_floats(DqLayout(p.dq_layout), p.rows_q, p.heads_q, kD) : 0);
+  float* dq_accum = p.dq_accum;
   const semantics::Dropout drop{p.dropout_threshold, p.dropout_inv_keep, p.dropout_seed, p.dropout_offset};
 
-  // Deterministic mode: block c of G walks key blocks c, 2G-1-c, 2G+c, 4G-1-c, ... so that under a
-  // causal mask (early keys see the most queries) every copy gets a similar share of the work.
-  const int copies = gridDim.x, copy = blockIdx.x;
-  for (int base = 0; base < n_blocks; base += copies) {
-    const int n = (base / copies) % 2 == 0 ? base + copy : base + copies - 1 - copy;
-    if (n >= n_blocks) continue;
-    const int64_t j0 = int64_t(n) * kN;
-    const int keys_valid = int(min(int64_t(kN), int64_t(seq.seqlen_k) - j0));
-    // Query blocks that see keys [j0, j0 + keys_valid): the same for every head of the group.
-    const ScoreRule rule0 = ScoreRule::make(p, seq, b, hk * p.group);
-    const int64_t first_q = rule0.window.first_query(j0), last_q = rule0.window.last_query(j0 + keys_valid - 1);
-    const backward_detail::Walk walk{hk * p.group, p.group, int(first_q / kM),
-                                     first_q <= last_q ? int(last_q / kM) + 1 : int(first_q / kM)};
+  if (n >= n_blocks) return;
+  const int64_t j0 = int64_t(n) * kN;
+  const int keys_valid = int(min(int64_t(kN), int64_t(seq.seqlen_k) - j0));
+  // Query blocks that see keys [j0, j0 + keys_valid): the same for every head of the group.
+  const ScoreRule rule0 = ScoreRule::make(p, seq, b, hk * p.group);
+  const int64_t first_q = rule0.window.first_query(j0), last_q = rule0.window.last_query(j0 + keys_valid - 1);
+  const backward_detail::Walk walk{hk * p.group, p.group, int(first_q / kM),
+                                   first_q <= last_q ? int(last_q / kM) + 1 : int(first_q / kM)};
+  // Deterministic mode: each dQ tile takes the adds of the key blocks that see it in descending
+  // order. Key block n + 1 sees query blocks [after_begin, after_end): to those this block adds
+  // once n + 1 has. The tile of a step is handed on at the next step's dS barrier (or after the
+  // walk), so that the hand-over costs no barrier of its own.
+  // Thread 0's state lives in shared memory: the step loop has no registers to spare for it.
+  __shared__ int turn_state[4];  // after_begin, after_end, and the tile to hand on (head, query block)
+  if (p.deterministic && threadIdx.x == 0) {
+    int after_begin = 0, after_end = 0;
+    if (j0 + kN < seq.seqlen_k) {
+      const int64_t first = rule0.window.first_query(j0 + kN);
+      const int64_t last = rule0.window.last_query(min(j0 + 2 * kN, int64_t(seq.seqlen_k)) - 1);
+      after_begin = int(first / kM);
+      after_end = first <= last ? int(last / kM) + 1 : after_begin;
+    }
+    turn_state[0] = after_begin;
+    turn_state[1] = after_end;
+    turn_state[2] = -1;
+  }
+  auto turn_of = [&](int h, int m) {
+    return p.dq_turns + 2 * (h * backward_dq_turn_stride(p.rows_q, p.batch) + seq.packed_q / kM + b + m);
+  };
 
-    // Loads of the query side of one step into a stage: Q, dO, lse2 and delta rows.
-    auto load_step = [&](backward_detail::WalkStep pos, int stage) {
-      const int h = pos.head, m0 = pos.m_block * kM;
-      const int rows = seq.seqlen_q - m0;
-      load_tile_async<Elem, QTile, C::kThreads, BackwardTileCopy>(
-          stage_q(stage), operand_row<const Elem>(p.q, b, seq.q_start + m0, h), p.q.row, rows, p.head_dim, p.q.data);
-      load_tile_async<Elem, QTile, C::kThreads, BackwardTileCopy>(
-          stage_do(stage), operand_row<const Elem>(p.dout, b, seq.q_start + m0, h), p.dout.row, rows, p.head_dim,
-          p.dout.data);
-      if (threadIdx.x < 2 * kM) {
-        const int r = threadIdx.x % kM;
-        const bool is_delta = threadIdx.x >= kM;
-        const float* row = (is_delta ? p.delta : p.lse_log2) + int64_t(h) * p.rows_q + seq.packed_q + m0 + r;
-        cp_async_4((is_delta ? stage_delta(stage) : stage_lse(stage)) + r * 4, r < rows ? row : p.delta, r < rows);
+  // Loads of the query side of one step into a stage: Q, dO, lse2 and delta rows.
+  auto load_step = [&](backward_detail::WalkStep pos, int stage) {
+    const int h = pos.head, m0 = pos.m_block * kM;
+    const int rows = seq.seqlen_q - m0;
+    load_tile_async<Elem, QTile, C::kThreads, BackwardTileCopy>(
+        stage_q(stage), operand_row<const Elem>(p.q, b, seq.q_start + m0, h), p.q.row, rows, p.head_dim, p.q.data);
+    load_tile_async<Elem, QTile, C::kThreads, BackwardTileCopy>(
+        stage_do(stage), operand_row<const Elem>(p.dout, b, seq.q_start + m0, h), p.dout.row, rows, p.head_dim,
+        p.dout.data);
+    if (threadIdx.x < 2 * kM) {
+      const int r = threadIdx.x % kM;
+      const bool is_delta = threadIdx.x >= kM;
+      const float* row = (is_delta ? p.delta : p.lse_log2) + int64_t(h) * p.rows_q + seq.packed_q + m0 + r;
+      cp_async_4((is_delta ? stage_delta(stage) : stage_lse(stage)) + r * 4, r < rows ? row : p.delta, r < rows);
+    }
+  };
+
+  // K and V of this block; the first step's query side joins the same group.
+  if (walk.steps() > 0) {
+    load_tile_async<Elem, KTile, C::kThreads, BackwardTileCopy>(s_k, k_rows + j0 * p.k.row, p.k.row, keys_valid,
+                                                                p.head_dim, p.k.data);
+    load_tile_async<Elem, KTile, C::kThreads, BackwardTileCopy>(s_v, v_rows + j0 * p.v.row, p.v.row, keys_valid,
+                                                                p.head_dim, p.v.data);
+    load_step({walk.head_first, walk.m_begin}, 0);
+    cp_async_commit();
+  }
+
+  float dk[C::kDkvKeyTiles][C::kDkvCols / 8][4] = {};
+  float dv[C::kDkvKeyTiles][C::kDkvCols / 8][4] = {};
+  const int group_key0 = key_group * C::kGroupKeys;  // first key of this warp's group
+  const LaneCoord a_lane = a_operand_lane(lane);
+  const LaneCoord nk_lane = b_operand_nk_lane(lane);
+  const LaneCoord kn_lane = b_operand_kn_lane(lane);
+  const LaneCoord km_lane = a_operand_km_lane(lane);
+
+  backward_detail::WalkStep pos{walk.head_first, walk.m_begin};
+  for (int step = 0; step < walk.steps(); ++step, pos = pos.next(walk)) {
+    const int stage = C::kStages == 2 ? step % 2 : 0;
+    const int h = pos.head, m0 = pos.m_block * kM;
+    cp_async_wait<0>();
+    __syncthreads();  // this step's loads landed; the previous step is done with the other stage
+    if (C::kStages == 2 && step + 1 < walk.steps()) {
+      load_step(pos.next(walk), 1 - stage);
+      cp_async_commit();
+    }
+    const uint32_t s_q = stage_q(stage), s_do = stage_do(stage);
+    const float* lse2 = lse_smem0 + stage * (C::kStageBytes / 4);
+    const float* delta = lse2 + kM;
+
+    // S^T = K Q^T and dP^T = V dO^T for this warp's keys and query columns.
+    float st[C::kKeyTiles][C::kQueryTiles][4] = {};
+    float dpt[C::kKeyTiles][C::kQueryTiles][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      uint32_t ak[C::kKeyTiles][4], av[C::kKeyTiles][4];
+#pragma unroll
+      for (int kt = 0; kt < C::kKeyTiles; ++kt) {
+        const uint32_t at = KTile::offset(group_key0 + kt * 16 + a_lane.row, kk * 16 + a_lane.col);
+        ldmatrix_x4(ak[kt], s_k + at);
+        ldmatrix_x4(av[kt], s_v + at);
       }
-    };
+#pragma unroll
+      for (int qt = 0; qt < C::kQueryTiles / 2; ++qt) {
+        uint32_t bq[4], bo[4];
+        ldmatrix_x4(bq, s_q + QTile::offset(query0 + qt * 16 + nk_lane.row, kk * 16 + nk_lane.col));
+        ldmatrix_x4(bo, s_do + QTile::offset(query0 + qt * 16 + nk_lane.row, kk * 16 + nk_lane.col));
+#pragma unroll
+        for (int kt = 0; kt < C::kKeyTiles; ++kt) {
+          mma_16816<T>(st[kt][2 * qt], ak[kt], {bq[0], bq[1]});
+          mma_16816<T>(st[kt][2 * qt + 1], ak[kt], {bq[2], bq[3]});
+          mma_16816<T>(dpt[kt][2 * qt], av[kt], {bo[0], bo[1]});
+          mma_16816<T>(dpt[kt][2 * qt + 1], av[kt], {bo[2], bo[3]});
+        }
+      }
+    }
 
-    // K and V of this block; the first step's query side joins the same group.
-    if (base > 0) __syncthreads();  // the previous key block is done with K and V
-    if (walk.steps() > 0) {
-      load_tile_async<Elem, KTile, C::kThreads, BackwardTileCopy>(s_k, k_rows + j0 * p.k.row, p.k.row, keys_valid,
-                                                                  p.head_dim, p.k.data);
-      load_tile_async<Elem, KTile, C::kThreads, BackwardTileCopy>(s_v, v_rows + j0 * p.v.row, p.v.row, keys_valid,
-                                                                  p.head_dim, p.v.data);
-      load_step({walk.head_first, walk.m_begin}, 0);
+    // Element-wise: st <- z P (for dV), dpt <- dS (for dK, dQ).
+    const ScoreRule rule = ScoreRule::make(p, seq, b, h);
+    const bool masked = !rule.block_unmasked(m0, kM, j0, kN) || m0 + kM > seq.seqlen_q;
+    const int64_t batch_head = int64_t(b) * p.heads_q + h;
+    const float exp_scale = kGeneral ? 1.f : rule.exp_scale;
+    // Two copies of the pass: blocks without a mask (most of them) carry none of its work.
+    auto element_wise = [&](auto masked_tag) {
+      constexpr bool kMasked = decltype(masked_tag)::value;
+#pragma unroll
+      for (int qt = 0; qt < C::kQueryTiles; ++qt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int q_local = query0 + qt * 8 + 2 * t + c;
+          const int i = m0 + q_local;
+          const float row_lse2 = lse2[q_local], row_delta = delta[q_local];
+          // Visible keys of row i, in 32 bits (empty past the last query).
+          int first_key = 0, last_key = -1;
+          if (kMasked && i < seq.seqlen_q) {
+            const int64_t c = rule.window.unfolded_diagonal(i);  // the backward never folds
+            first_key = int(rule.window.first_key_at(c));
+            last_key = int(max(rule.window.last_key_at(c), int64_t(-1)));
+          }
+#pragma unroll
+          for (int key_half = 0; key_half < 2 * C::kKeyTiles; ++key_half) {
+            const int kt = key_half / 2, half = key_half % 2;
+            const int j = int(j0) + group_key0 + kt * 16 + g + half * 8;
+            float& s = st[kt][qt][2 * half + c];
+            float& dp = dpt[kt][qt][2 * half + c];
+            float cap_grad = 1.f;
+            if (kGeneral) {
+              if (rule.softcap > 0.f) {
+                const float th = tanhf(rule.scale * s / rule.softcap);
+                cap_grad = 1.f - th * th;
+              }
+              s = rule.transform(s, i, j);
+            }
+            if (kMasked && (j < first_key || j > last_key)) s = -INFINITY;
+            const float prob = fast_exp2(fmaf(s, exp_scale, -row_lse2));
+            float z = 1.f;
+            if (kDropout) z = drop.keep(batch_head, i, j) ? drop.inv_keep : 0.f;
+            s = prob * z;
+            dp = prob * (z * dp - row_delta) * cap_grad;
+          }
+        }
+    };
+    if (masked)
+      element_wise(std::true_type{});
+    else
+      element_wise(std::false_type{});
+
+    // dS^T and z P^T to shared memory, [key][query].
+#pragma unroll
+    for (int kt = 0; kt < C::kKeyTiles; ++kt)
+#pragma unroll
+      for (int qt = 0; qt < C::kQueryTiles; ++qt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const uint32_t at = STile::offset(group_key0 + kt * 16 + g + half * 8, query0 + qt * 8 + 2 * t);
+          const uint32_t ds2 = pack2<T>(dpt[kt][qt][2 * half], dpt[kt][qt][2 * half + 1]);
+          const uint32_t p2 = pack2<T>(st[kt][qt][2 * half], st[kt][qt][2 * half + 1]);
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_ds + at), "r"(ds2));
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_p + at), "r"(p2));
+        }
+    if (p.deterministic && threadIdx.x == 0 && pos.m_block >= turn_state[0] && pos.m_block < turn_state[1])
+      backward_detail::wait_for_turn(turn_of(h, pos.m_block), n + 1);
+    __syncthreads();  // dS^T and P^T of every warp are in shared memory (and, deterministic, the turn)
+    if (p.deterministic && threadIdx.x == 0) {
+      if (turn_state[2] >= 0) backward_detail::pass_turn(turn_of(turn_state[2], turn_state[3]), n);  // last step's
+      turn_state[2] = h;
+      turn_state[3] = pos.m_block;
+    }
+
+    // dV += (z P)^T dO and dK += dS^T Q over this step's queries (k = query).
+#pragma unroll
+    for (int kk = 0; kk < kM / 16; ++kk) {
+      uint32_t ap[C::kDkvKeyTiles][4], ads[C::kDkvKeyTiles][4];
+#pragma unroll
+      for (int kt = 0; kt < C::kDkvKeyTiles; ++kt) {
+        const uint32_t at = STile::offset(dkv_key0 + kt * 16 + a_lane.row, kk * 16 + a_lane.col);
+        ldmatrix_x4(ap[kt], s_p + at);
+        ldmatrix_x4(ads[kt], s_ds + at);
+      }
+#pragma unroll
+      for (int dt = 0; dt < C::kDkvCols / 16; ++dt) {
+        uint32_t bo[4], bq[4];
+        ldmatrix_x4_trans(bo, s_do + QTile::offset(kk * 16 + kn_lane.row, dkv_col0 + dt * 16 + kn_lane.col));
+        ldmatrix_x4_trans(bq, s_q + QTile::offset(kk * 16 + kn_lane.row, dkv_col0 + dt * 16 + kn_lane.col));
+#pragma unroll
+        for (int kt = 0; kt < C::kDkvKeyTiles; ++kt) {
+          mma_16816<T>(dv[kt][2 * dt], ap[kt], {bo[0], bo[1]});
+          mma_16816<T>(dv[kt][2 * dt + 1], ap[kt], {bo[2], bo[3]});
+          mma_16816<T>(dk[kt][2 * dt], ads[kt], {bq[0], bq[1]});
+          mma_16816<T>(dk[kt][2 * dt + 1], ads[kt], {bq[2], bq[3]});
+        }
+      }
+    }
+
+    if (C::kStages == 1 && step + 1 < walk.steps()) {
+      __syncthreads();  // every warp is done with the stage; dQ below reads only dS and K
+      load_step(pos.next(walk), 0);
       cp_async_commit();
     }
 
-    float dk[C::kDkvKeyTiles][C::kDkvCols / 8][4] = {};
-    float dv[C::kDkvKeyTiles][C::kDkvCols / 8][4] = {};
-    const int group_key0 = key_group * C::kGroupKeys;  // first key of this warp's group
-    const LaneCoord a_lane = a_operand_lane(lane);
-    const LaneCoord nk_lane = b_operand_nk_lane(lane);
-    const LaneCoord kn_lane = b_operand_kn_lane(lane);
-    const LaneCoord km_lane = a_operand_km_lane(lane);
-
-    backward_detail::WalkStep pos{walk.head_first, walk.m_begin};
-    for (int step = 0; step < walk.steps(); ++step, pos = pos.next(walk)) {
-      const int stage = C::kStages == 2 ? step % 2 : 0;
-      const int h = pos.head, m0 = pos.m_block * kM;
-      cp_async_wait<0>();
-      __syncthreads();  // this step's loads landed; the previous step is done with the other stage
-      if (C::kStages == 2 && step + 1 < walk.steps()) {
-        load_step(pos.next(walk), 1 - stage);
-        cp_async_commit();
-      }
-      const uint32_t s_q = stage_q(stage), s_do = stage_do(stage);
-      const float* lse2 = lse_smem0 + stage * (C::kStageBytes / 4);
-      const float* delta = lse2 + kM;
-
-      // S^T = K Q^T and dP^T = V dO^T for this warp's keys and query columns.
-      float st[C::kKeyTiles][C::kQueryTiles][4] = {};
-      float dpt[C::kKeyTiles][C::kQueryTiles][4] = {};
+    // dQ (kM x kD) += dS K: warp w takes the kDqRowTiles 16-row tiles of group w % kDqRowGroups
+    // and the kDqCols columns of part w / kDqRowGroups.
+    {
+      constexpr int kRowTiles = C::kDqRowTiles;
+      const int row0 = (warp % C::kDqRowGroups) * kRowTiles * 16, dq_col0 = (warp / C::kDqRowGroups) * C::kDqCols;
+      float dq[kRowTiles][C::kDqCols / 8][4] = {};
 #pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        uint32_t ak[C::kKeyTiles][4], av[C::kKeyTiles][4];
-#pragma unroll
-        for (int kt = 0; kt < C::kKeyTiles; ++kt) {
-          const uint32_t at = KTile::offset(group_key0 + kt * 16 + a_lane.row, kk * 16 + a_lane.col);
-          ldmatrix_x4(ak[kt], s_k + at);
-          ldmatrix_x4(av[kt], s_v + at);
-        }
-#pragma unroll
-        for (int qt = 0; qt < C::kQueryTiles / 2; ++qt) {
-          uint32_t bq[4], bo[4];
-          ldmatrix_x4(bq, s_q + QTile::offset(query0 + qt * 16 + nk_lane.row, kk * 16 + nk_lane.col));
-          ldmatrix_x4(bo, s_do + QTile::offset(query0 + qt * 16 + nk_lane.row, kk * 16 + nk_lane.col));
-#pragma unroll
-          for (int kt = 0; kt < C::kKeyTiles; ++kt) {
-            mma_16816<T>(st[kt][2 * qt], ak[kt], {bq[0], bq[1]});
-            mma_16816<T>(st[kt][2 * qt + 1], ak[kt], {bq[2], bq[3]});
-            mma_16816<T>(dpt[kt][2 * qt], av[kt], {bo[0], bo[1]});
-            mma_16816<T>(dpt[kt][2 * qt + 1], av[kt], {bo[2], bo[3]});
-          }
-        }
-      }
-
-      // Element-wise: st <- z P (for dV), dpt <- dS (for dK, dQ).
-      const ScoreRule rule = ScoreRule::make(p, seq, b, h);
-      const bool masked = !rule.block_unmasked(m0, kM, j0, kN) || m0 + kM > seq.seqlen_q;
-      const int64_t batch_head = int64_t(b) * p.heads_q + h;
-      const float exp_scale = kGeneral ? 1.f : rule.exp_scale;
-      // Two copies of the pass: blocks without a mask (most of them) carry none of its work.
-      auto element_wise = [&](auto masked_tag) {
-        constexpr bool kMasked = decltype(masked_tag)::value;
-#pragma unroll
-        for (int qt = 0; qt < C::kQueryTiles; ++qt)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int q_local = query0 + qt * 8 + 2 * t + c;
-            const int i = m0 + q_local;
-            const float row_lse2 = lse2[q_local], row_delta = delta[q_local];
-            // Visible keys of row i, in 32 bits (empty past the last query).
-            int first_key = 0, last_key = -1;
-            if (kMasked && i < seq.seqlen_q) {
-              const int64_t c = rule.window.unfolded_diagonal(i);  // the backward never folds
-              first_key = int(rule.window.first_key_at(c));
-              last_key = int(max(rule.window.last_key_at(c), int64_t(-1)));
-            }
-#pragma unroll
-            for (int key_half = 0; key_half < 2 * C::kKeyTiles; ++key_half) {
-              const int kt = key_half / 2, half = key_half % 2;
-              const int j = int(j0) + group_key0 + kt * 16 + g + half * 8;
-              float& s = st[kt][qt][2 * half + c];
-              float& dp = dpt[kt][qt][2 * half + c];
-              float cap_grad = 1.f;
-              if (kGeneral) {
-                if (rule.softcap > 0.f) {
-                  const float th = tanhf(rule.scale * s / rule.softcap);
-                  cap_grad = 1.f - th * th;
-                }
-                s = rule.transform(s, i, j);
-              }
-              if (kMasked && (j < first_key || j > last_key)) s = -INFINITY;
-              const float prob = fast_exp2(fmaf(s, exp_scale, -row_lse2));
-              float z = 1.f;
-              if (kDropout) z = drop.keep(batch_head, i, j) ? drop.inv_keep : 0.f;
-              s = prob * z;
-              dp = prob * (z * dp - row_delta) * cap_grad;
-            }
-          }
-      };
-      if (masked)
-        element_wise(std::true_type{});
-      else
-        element_wise(std::false_type{});
-
-      // dS^T and z P^T to shared memory, [key][query].
-#pragma unroll
-      for (int kt = 0; kt < C::kKeyTiles; ++kt)
-#pragma unroll
-        for (int qt = 0; qt < C::kQueryTiles; ++qt)
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const uint32_t at = STile::offset(group_key0 + kt * 16 + g + half * 8, query0 + qt * 8 + 2 * t);
-            const uint32_t ds2 = pack2<T>(dpt[kt][qt][2 * half], dpt[kt][qt][2 * half + 1]);
-            const uint32_t p2 = pack2<T>(st[kt][qt][2 * half], st[kt][qt][2 * half + 1]);
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_ds + at), "r"(ds2));
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_p + at), "r"(p2));
-          }
-      __syncthreads();  // dS^T and P^T of every warp are in shared memory
-
-      // dV += (z P)^T dO and dK += dS^T Q over this step's queries (k = query).
-#pragma unroll
-      for (int kk = 0; kk < kM / 16; ++kk) {
-        uint32_t ap[C::kDkvKeyTiles][4], ads[C::kDkvKeyTiles][4];
-#pragma unroll
-        for (int kt = 0; kt < C::kDkvKeyTiles; ++kt) {
-          const uint32_t at = STile::offset(dkv_key0 + kt * 16 + a_lane.row, kk * 16 + a_lane.col);
-          ldmatrix_x4(ap[kt], s_p + at);
-          ldmatrix_x4(ads[kt], s_ds + at);
-        }
-#pragma unroll
-        for (int dt = 0; dt < C::kDkvCols / 16; ++dt) {
-          uint32_t bo[4], bq[4];
-          ldmatrix_x4_trans(bo, s_do + QTile::offset(kk * 16 + kn_lane.row, dkv_col0 + dt * 16 + kn_lane.col));
-          ldmatrix_x4_trans(bq, s_q + QTile::offset(kk * 16 + kn_lane.row, dkv_col0 + dt * 16 + kn_lane.col));
-#pragma unroll
-          for (int kt = 0; kt < C::kDkvKeyTiles; ++kt) {
-            mma_16816<T>(dv[kt][2 * dt], ap[kt], {bo[0], bo[1]});
-            mma_16816<T>(dv[kt][2 * dt + 1], ap[kt], {bo[2], bo[3]});
-            mma_16816<T>(dk[kt][2 * dt], ads[kt], {bq[0], bq[1]});
-            mma_16816<T>(dk[kt][2 * dt + 1], ads[kt], {bq[2], bq[3]});
-          }
-        }
-      }
-
-      if (C::kStages == 1 && step + 1 < walk.steps()) {
-        __syncthreads();  // every warp is done with the stage; dQ below reads only dS and K
-        load_step(pos.next(walk), 0);
-        cp_async_commit();
-      }
-
-      // dQ (kM x kD) += dS K: warp w takes the kDqRowTiles 16-row tiles of group w % kDqRowGroups
-      // and the kDqCols columns of part w / kDqRowGroups.
-      {
-        constexpr int kRowTiles = C::kDqRowTiles;
-        const int row0 = (warp % C::kDqRowGroups) * kRowTiles * 16, dq_col0 = (warp / C::kDqRowGroups) * C::kDqCols;
-        float dq[kRowTiles][C::kDqCols / 8][4] = {};
-#pragma unroll
-        for (int kk = 0; kk < kN / 16; ++kk) {
-          uint32_t a[kRowTiles][4];
-#pragma unroll
-          for (int rt = 0; rt < kRowTiles; ++rt)
-            ldmatrix_x4_trans(a[rt], s_ds + STile::offset(kk * 16 + km_lane.row, row0 + rt * 16 + km_lane.col));
-#pragma unroll
-          for (int dt = 0; dt < C::kDqCols / 16; ++dt) {
-            uint32_t bk[4];
-            ldmatrix_x4_trans(bk, s_k + KTile::offset(kk * 16 + kn_lane.row, dq_col0 + dt * 16 + kn_lane.col));
-#pragma unroll
-            for (int rt = 0; rt < kRowTiles; ++rt) {
-              mma_16816<T>(dq[rt][2 * dt], a[rt], {bk[0], bk[1]});
-              mma_16816<T>(dq[rt][2 * dt + 1], a[rt], {bk[2], bk[3]});
-            }
-          }
-        }
-        const int first_row = m0 + row0 + g;  // this lane's first query row
+      for (int kk = 0; kk < kN / 16; ++kk) {
+        uint32_t a[kRowTiles][4];
 #pragma unroll
         for (int rt = 0; rt < kRowTiles; ++rt)
+          ldmatrix_x4_trans(a[rt], s_ds + STile::offset(kk * 16 + km_lane.row, row0 + rt * 16 + km_lane.col));
 #pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int r = rt * 16 + half * 8;
-            backward_detail::accumulate_dq_row<kD>(dq_accum, seq.packed_q + first_row + r, h, p.heads_q, dq_col0,
-                                                   first_row + r < seq.seqlen_q, dq[rt], half, DqLayout(p.dq_layout));
+        for (int dt = 0; dt < C::kDqCols / 16; ++dt) {
+          uint32_t bk[4];
+          ldmatrix_x4_trans(bk, s_k + KTile::offset(kk * 16 + kn_lane.row, dq_col0 + dt * 16 + kn_lane.col));
+#pragma unroll
+          for (int rt = 0; rt < kRowTiles; ++rt) {
+            mma_16816<T>(dq[rt][2 * dt], a[rt], {bk[0], bk[1]});
+            mma_16816<T>(dq[rt][2 * dt + 1], a[rt], {bk[2], bk[3]});
           }
+        }
       }
+      const int first_row = m0 + row0 + g;  // this lane's first query row
+#pragma unroll
+      for (int rt = 0; rt < kRowTiles; ++rt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int r = rt * 16 + half * 8;
+          backward_detail::accumulate_dq_row<kD>(dq_accum, seq.packed_q + first_row + r, h, p.heads_q, dq_col0,
+                                                 first_row + r < seq.seqlen_q, dq[rt], half, DqLayout(p.dq_layout));
+        }
     }
+  }
+  if (p.deterministic && walk.steps() > 0) {  // the last step's tile, once every warp's adds are issued
+    __syncthreads();
+    if (threadIdx.x == 0) backward_detail::pass_turn(turn_of(turn_state[2], turn_state[3]), n);
+  }
 
-    // dK = scale * sum dS^T Q and dV, for the valid keys and columns.
-    Elem* dk_rows = operand_row<Elem>(p.dk, b, seq.k_start + j0, hk);
-    Elem* dv_rows = operand_row<Elem>(p.dv, b, seq.k_start + j0, hk);
+  // dK = scale * sum dS^T Q and dV, for the valid keys and columns.
+  Elem* dk_rows = operand_row<Elem>(p.dk, b, seq.k_start + j0, hk);
+  Elem* dv_rows = operand_row<Elem>(p.dv, b, seq.k_start + j0, hk);
 #pragma unroll
-    for (int key_half = 0; key_half < 2 * C::kDkvKeyTiles; ++key_half) {
-      const int kt = key_half / 2, half = key_half % 2;
-      const int key = dkv_key0 + kt * 16 + g + half * 8;
-      if (key >= keys_valid) continue;
+  for (int key_half = 0; key_half < 2 * C::kDkvKeyTiles; ++key_half) {
+    const int kt = key_half / 2, half = key_half % 2;
+    const int key = dkv_key0 + kt * 16 + g + half * 8;
+    if (key >= keys_valid) continue;
 #pragma unroll
-      for (int dt = 0; dt < C::kDkvCols / 8; ++dt) {
-        const int col = dkv_col0 + dt * 8 + 2 * t;
-        if (col >= p.head_dim) continue;
-        *reinterpret_cast<uint32_t*>(dk_rows + key * p.dk.row + col) =
-            pack2<T>(dk[kt][dt][2 * half] * p.scale, dk[kt][dt][2 * half + 1] * p.scale);
-        *reinterpret_cast<uint32_t*>(dv_rows + key * p.dv.row + col) =
-            pack2<T>(dv[kt][dt][2 * half], dv[kt][dt][2 * half + 1]);
-      }
+    for (int dt = 0; dt < C::kDkvCols / 8; ++dt) {
+      const int col = dkv_col0 + dt * 8 + 2 * t;
+      if (col >= p.head_dim) continue;
+      *reinterpret_cast<uint32_t*>(dk_rows + key * p.dk.row + col) =
+          pack2<T>(dk[kt][dt][2 * half] * p.scale, dk[kt][dt][2 * half + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(dv_rows + key * p.dv.row + col) =
+          pack2<T>(dv[kt][dt][2 * half], dv[kt][dt][2 * half + 1]);
     }
   }
 }

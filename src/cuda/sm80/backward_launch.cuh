@@ -24,8 +24,13 @@ Status launch_backward_main(const KernelParams& p, cudaStream_t stream) {
   FA_TRY(device_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes),
                        "cudaFuncSetAttribute(backward_kernel)"));
   const int n_blocks = (p.seqlen_k + C::kN - 1) / C::kN;
-  const int grid_x = p.deterministic ? p.dq_copies : n_blocks;  // one block per copy, even a single copy
-  const dim3 grid(unsigned(grid_x), unsigned(p.heads_kv), unsigned(p.batch));
+  // Deterministic without a mask: the (kv head, sequence) pairs innermost (block_coord says why).
+  const bool pairs_innermost = p.deterministic && p.window_left < 0 && p.window_right < 0;
+  if (pairs_innermost && n_blocks > 65535)
+    return make_status(FLASHATTN_ERROR_UNSUPPORTED, "deterministic backward: seqlen_k = ", p.seqlen_k, " gives ",
+                       n_blocks, " blocks of ", C::kN, " keys, past a grid's 65535");
+  const dim3 grid = pairs_innermost ? dim3(unsigned(p.heads_kv), unsigned(p.batch), unsigned(n_blocks))
+                                    : dim3(unsigned(n_blocks), unsigned(p.heads_kv), unsigned(p.batch));
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
   return device_status(cudaGetLastError(), "backward_kernel launch");
 }
@@ -54,6 +59,10 @@ Status launch_backward_main_fitting(const KernelParams& p, cudaStream_t stream) 
 template <typename T, int kD>
 Status launch_backward(const KernelParams& p, cudaStream_t stream) {
   FA_TRY(launch_backward_prepare<T>(p, kD, stream));
+  if (p.deterministic) {
+    const size_t bytes = size_t(backward_dq_turns(p.rows_q, p.batch, p.heads_q)) * sizeof(int);
+    FA_TRY(device_status(cudaMemsetAsync(p.dq_turns, 0, bytes, stream), "cudaMemsetAsync(dq_turns)"));
+  }
   if (p.seqlen_k > 0) FA_TRY((launch_backward_main_fitting<T, kD>(p, stream)));
   return launch_backward_finish<T>(p, kD, stream);
 }

@@ -27,6 +27,7 @@
 
 #include "cuda/common/mma.cuh"
 #include "cuda/common/numeric.cuh"
+#include "cuda/dq_accum_layout.h"
 #include "cuda/kernel_params.h"
 #include "cuda/sm80/attention_common.cuh"
 #include "cuda/sm90/barrier.cuh"

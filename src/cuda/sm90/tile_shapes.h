@@ -108,15 +108,6 @@ constexpr BackwardShape backward_shape(int head_dim, bool general = false) {
                                        : BackwardShape{64, 128, 2};
 }
 
-// Deterministic mode orders the adds to each dQ tile by key block through one int per (query
-// tile, consumer): query tile m (of block_m rows) of sequence b and head h is (h * stride +
-// packed_q(b) / block_m + b + m) with stride = rows_q / 64 + batch + 1 (enough for block_m >= 64),
-// which no two tiles share.
-constexpr int64_t backward_dq_turn_stride(int64_t rows_q, int64_t batch) { return rows_q / 64 + batch + 1; }
-constexpr int64_t backward_dq_turns(int64_t rows_q, int64_t batch, int64_t heads_q) {
-  return 2 * heads_q * backward_dq_turn_stride(rows_q, batch);
-}
-
 // Deterministic mode's chains of dQ adds. Each dQ tile's adds pass a turn from key block to key
 // block (an add's completion, a release, an acquire); up to d = 64 a step is short beside that
 // hand-over, and without a mask every key block of a head adds to every tile, so one chain
