@@ -22,6 +22,7 @@
 #include "cuda/common/mma.cuh"
 #include "cuda/common/numeric.cuh"
 #include "cuda/common/smem.cuh"
+#include "cuda/common/turns.cuh"
 #include "cuda/dq_accum_layout.h"
 #include "cuda/sm80/attention_common.cuh"
 #include "cuda/sm80/tile_shapes.h"
@@ -144,21 +145,6 @@ __device__ __forceinline__ BlockCoord block_coord(const KernelParams& p) {
   if (!p.deterministic) return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
   if (backward_pairs_innermost(p)) return {int(gridDim.z - 1 - blockIdx.z), int(blockIdx.x), int(blockIdx.y)};
   return {int(gridDim.x - 1 - blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
-}
-
-// Deterministic mode's turns (dq_accum_layout.h): thread 0 waits until key block `predecessor`
-// has added to the tile, and hands the tile on once every thread's adds precede the hand-over (a
-// block-wide barrier after the adds, then a release, which orders them at gpu scope).
-__device__ __forceinline__ void wait_for_turn(const int* turn, int predecessor) {
-  int now;
-  for (;;) {
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(now) : "l"(turn) : "memory");
-    if (now == predecessor + 1) return;
-    __nanosleep(64);
-  }
-}
-__device__ __forceinline__ void pass_turn(int* turn, int adder) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(turn), "r"(adder + 1) : "memory");
 }
 
 }  // namespace backward_detail
@@ -373,10 +359,10 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM, kBlock
           asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_p + at), "r"(p2));
         }
     if (p.deterministic && threadIdx.x == 0 && pos.m_block >= turn_state[0] && pos.m_block < turn_state[1])
-      backward_detail::wait_for_turn(turn_of(h, pos.m_block), n + 1);
+      wait_for_turn(turn_of(h, pos.m_block), n + 1);
     __syncthreads();  // dS^T and P^T of every warp are in shared memory (and, deterministic, the turn)
     if (p.deterministic && threadIdx.x == 0) {
-      if (turn_state[2] >= 0) backward_detail::pass_turn(turn_of(turn_state[2], turn_state[3]), n);  // last step's
+      if (turn_state[2] >= 0) release_turn(turn_of(turn_state[2], turn_state[3]), n);  // last step's
       turn_state[2] = h;
       turn_state[3] = pos.m_block;
     }
@@ -448,7 +434,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM, kBlock
   }
   if (p.deterministic && walk.steps() > 0) {  // the last step's tile, once every warp's adds are issued
     __syncthreads();
-    if (threadIdx.x == 0) backward_detail::pass_turn(turn_of(turn_state[2], turn_state[3]), n);
+    if (threadIdx.x == 0) release_turn(turn_of(turn_state[2], turn_state[3]), n);
   }
 
   // dK = scale * sum dS^T Q and dV, for the valid keys and columns.

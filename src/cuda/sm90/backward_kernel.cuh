@@ -27,6 +27,7 @@
 
 #include "cuda/common/mma.cuh"
 #include "cuda/common/numeric.cuh"
+#include "cuda/common/turns.cuh"
 #include "cuda/dq_accum_layout.h"
 #include "cuda/kernel_params.h"
 #include "cuda/sm80/attention_common.cuh"
@@ -213,23 +214,14 @@ __device__ void produce_rows(const KernelParams& p, const Sequence& seq, const K
   }
 }
 
-// Deterministic mode: the adds to a dQ tile happen in descending key-block order. turn points at
-// the tile's int (zeroed before the launch), which holds 1 + the key block that added last; the
-// last key block that sees the tile adds without waiting, key block n once its predecessor
+// Deterministic mode: the adds to a dQ tile happen in descending key-block order (common/turns.cuh);
+// the last key block that sees the tile adds without waiting, key block n once its predecessor
 // (n + 1, or n + 2 with two chains: backward_dq_chains) has added. Key blocks run in descending
 // order too (the grid's first block is the last key block), so the block waited for was
 // scheduled before the waiting one: no deadlock however full the GPU is.
-__device__ __forceinline__ void wait_for_turn(const int* turn, int predecessor) {
-  int now;
-  for (;;) {
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(now) : "l"(turn) : "memory");
-    if (now == predecessor + 1) return;
-    __nanosleep(64);
-  }
-}
-__device__ __forceinline__ void pass_turn(int* turn, int next) {
+__device__ __forceinline__ void pass_turn(int* turn, int adder) {
   asm volatile("fence.proxy.async.global;\n" ::: "memory");  // the TMA adds, before the release
-  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(turn), "r"(next) : "memory");
+  release_turn(turn, adder);
 }
 
 // Key blocks per (batch, kv head): the grid's extent over the longest sequence's keys.
@@ -310,7 +302,7 @@ __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, i
       mbarrier_arrive(bars.dq_empty(wg, r));
       if (p.deterministic && r == C::kDqRounds - 1) {  // the tile's next adder waits for ours to land
         bulk_wait<0>();
-        pass_turn(turn, n + 1);
+        pass_turn(turn, n);
       }
     }
   }
