@@ -41,7 +41,7 @@ struct KernelParams {
   // Backward workspace.
   float* delta = nullptr;     // [heads_q][rows_q]: rowsum(dO * O)
   float* lse_log2 = nullptr;  // [heads_q][rows_q]: lse * log2(e), +inf where lse = -inf (P = 0)
-  float* dq_accum = nullptr;  // [copies][rows_q][heads_q][padded head dim], fp32
+  float* dq_accum = nullptr;  // [copies] of rows_q x heads_q x padded head dim fp32, in dq_layout
   int dq_copies = 1;          // deterministic sm90 backward: one per chain
   int* dq_turns = nullptr;    // deterministic mode: 1 + the key block that added last, per dQ tile
   int deterministic = 0;      // fixed order of every dq_accum sum

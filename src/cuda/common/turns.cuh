@@ -2,9 +2,8 @@
 // block that added to the tile last (zeroed before the launch). One thread of a block waits for
 // its predecessor's value with acquire loads, and hands the tile on with a release store after a
 // barrier that follows every thread's adds, which the release then orders before the next
-// adder's at gpu scope. The waits are deadlock-free only
-// if the block waited for was launched before the waiting one (both backwards launch key blocks
-// in descending order).
+// adder's at gpu scope. The waits are deadlock-free only if the block waited for was launched
+// before the waiting one (both backwards launch key blocks in descending order).
 #pragma once
 
 namespace flashattn::cuda {

@@ -138,7 +138,7 @@ __device__ __forceinline__ void accumulate_dq_row(float* accum, int64_t row, int
 struct BlockCoord {
   int key_block, kv_head, batch;
 };
-__device__ __forceinline__ bool backward_pairs_innermost(const KernelParams& p) {
+__host__ __device__ __forceinline__ bool backward_pairs_innermost(const KernelParams& p) {
   return p.deterministic && p.window_left < 0 && p.window_right < 0;
 }
 __device__ __forceinline__ BlockCoord block_coord(const KernelParams& p) {

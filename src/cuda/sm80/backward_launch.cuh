@@ -25,7 +25,7 @@ Status launch_backward_main(const KernelParams& p, cudaStream_t stream) {
                        "cudaFuncSetAttribute(backward_kernel)"));
   const int n_blocks = (p.seqlen_k + C::kN - 1) / C::kN;
   // Deterministic without a mask: the (kv head, sequence) pairs innermost (block_coord says why).
-  const bool pairs_innermost = p.deterministic && p.window_left < 0 && p.window_right < 0;
+  const bool pairs_innermost = backward_detail::backward_pairs_innermost(p);
   if (pairs_innermost && n_blocks > 65535)
     return make_status(FLASHATTN_ERROR_UNSUPPORTED, "deterministic backward: seqlen_k = ", p.seqlen_k, " gives ",
                        n_blocks, " blocks of ", C::kN, " keys, past a grid's 65535");
