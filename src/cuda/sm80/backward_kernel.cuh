@@ -25,6 +25,7 @@
 #include "cuda/common/turns.cuh"
 #include "cuda/dq_accum_layout.h"
 #include "cuda/sm80/attention_common.cuh"
+#include "cuda/sm80/dropout_draws.h"
 #include "cuda/sm80/tile_shapes.h"
 
 namespace flashattn::cuda {
@@ -124,6 +125,35 @@ __device__ __forceinline__ void accumulate_dq_row(float* accum, int64_t row, int
     for (int e = 0; e < 2; ++e)
       atomicAdd(accum + dq_accum_index(layout, row, h, col0 + dt * 8 + 2 * t + e, heads, kD), dq[dt][2 * half + e]);
 #endif
+}
+
+// Keep bits of a lane's S^T elements under dropout, bit `element` for the element that
+// dropout_draws.h numbers so (keys from key0, a multiple of 16; queries from query0): one Philox
+// call per 8 elements instead of one per element, its words rotated among a column's lanes.
+// Every lane of the warp must call it.
+template <int kKeyTiles, int kQueryTiles>
+__device__ __forceinline__ uint32_t dropout_keep_bits(const semantics::Dropout& drop, int64_t batch_head,
+                                                      int64_t query0, int64_t key0) {
+  constexpr int kElements = 4 * kKeyTiles * kQueryTiles;
+  static_assert(kElements % 8 == 0 && kElements <= 32, "rounds of 8 elements, one bit each");
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  uint32_t keep = 0;
+#pragma unroll
+  for (int round = 0; round < kElements / 8; ++round) {
+    const DropoutElement e = dropout_element<kQueryTiles>(round * 8 + g);
+    const semantics::Philox4 r =
+        drop.draws(batch_head, query0 + e.query_tile * 8 + 2 * t + e.c, (key0 >> 3) + e.key_tile * 2 + e.half);
+#pragma unroll
+    for (int rotation = 0; rotation < 8; ++rotation) {
+      const int w = dropout_sent_word(g, rotation);
+      const uint32_t sent = w == 0 ? r.x[0] : w == 1 ? r.x[1] : w == 2 ? r.x[2] : r.x[3];
+      const uint32_t word =
+          rotation == 0 ? sent : __shfl_sync(0xffffffffu, sent, dropout_source(g, rotation) * 4 + t);
+      const uint32_t draw = (word >> (16 * (g & 1))) & 0xFFFFu;
+      keep |= uint32_t(draw >= drop.threshold) << (round * 8 + dropout_source(g, rotation));
+    }
+  }
+  return keep;
 }
 
 // The key block, kv head and sequence of this thread block: the grid is (key blocks, kv heads,
@@ -300,6 +330,10 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM, kBlock
     const bool masked = !rule.block_unmasked(m0, kM, j0, kN) || m0 + kM > seq.seqlen_q;
     const int64_t batch_head = int64_t(b) * p.heads_q + h;
     const float exp_scale = kGeneral ? 1.f : rule.exp_scale;
+    uint32_t keep_bits = 0;  // dropout: bit ((kt * 2 + half) * kQueryTiles + qt) * 2 + c
+    if constexpr (kDropout)
+      keep_bits = backward_detail::dropout_keep_bits<C::kKeyTiles, C::kQueryTiles>(drop, batch_head, m0 + query0,
+                                                                                    j0 + group_key0);
     // Two copies of the pass: blocks without a mask (most of them) carry none of its work.
     auto element_wise = [&](auto masked_tag) {
       constexpr bool kMasked = decltype(masked_tag)::value;
@@ -334,7 +368,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM, kBlock
             if (kMasked && (j < first_key || j > last_key)) s = -INFINITY;
             const float prob = fast_exp2(fmaf(s, exp_scale, -row_lse2));
             float z = 1.f;
-            if (kDropout) z = drop.keep(batch_head, i, j) ? drop.inv_keep : 0.f;
+            if (kDropout) z = keep_bits >> (((kt * 2 + half) * C::kQueryTiles + qt) * 2 + c) & 1u ? drop.inv_keep : 0.f;
             s = prob * z;
             dp = prob * (z * dp - row_delta) * cap_grad;
           }
