@@ -200,7 +200,8 @@ TEST_F(CudaAttentionRuns, BackwardFitsAHundredKilobytesUpToHeadDim128) {
 // head (the window's 17 key blocks), in two chains of turns (d = 64 without a mask from 4096
 // keys: even and odd key blocks add to their own dq_accum copies; with and without softcap, whose
 // kernel takes 64-row steps), and with batch x kv heads past the number of multiprocessors (more
-// blocks than are resident at once: a block waits only for turns of blocks launched before it).
+// blocks than are resident at once: a block waits only for turns of blocks launched before it),
+// and with dropout.
 TEST_F(CudaAttentionRuns, DeterministicBackwardIsBitIdentical) {
   std::vector<Case> cases = {dense_case(1, 2, 700, 128, true), dense_case(1, 2, 700, 64, true),
                              dense_case(2, 80, 300, 64, true)};
@@ -219,6 +220,11 @@ TEST_F(CudaAttentionRuns, DeterministicBackwardIsBitIdentical) {
   cases.push_back(chains);
   chains.softcap = 30;  // the score-transform kernel: 64-row steps, the same two chains
   cases.push_back(chains);
+  Case dropout = dense_case(2, 4, 600, 128, false);  // the dropout kernels, their draws shared
+  dropout.heads_kv = 2;
+  dropout.dropout_p = 0.2f;
+  dropout.dropout_seed = 11;
+  cases.push_back(dropout);
   Case varlen = dense_case(1, 2, 1, 64, true);
   varlen.seqlens_q = {0, 900, 130, 1500};
   varlen.seqlens_k = {40, 1100, 130, 1500};
