@@ -8,6 +8,9 @@ takes as strided BSHD views). TFLOP/s use the FlashAttention papers' convention:
 triton's do_bench (or CUDA events when triton is missing), taken twice per row in mirrored order
 (mirrored_medians) and averaged.
 
+With --dropout P every implementation drops with probability P (ours then runs the sm80
+kernels, which serve dropout on every GPU, so the sm80 columns are left out).
+
   python3 bench/bench_cuda.py --library build/libflashattn.so [--quick] [--markdown F] [--jsonl F]
 """
 import argparse
@@ -67,8 +70,9 @@ def lse_view(t):
 
 
 class FlashAttn:
-    def __init__(self, path):
+    def __init__(self, path, dropout_p=0.0):
         self.lib = ctypes.CDLL(path)
+        self.dropout_p = dropout_p
         for name in ("flashattn_forward", "flashattn_backward", "flashattn_forward_workspace_size",
                      "flashattn_backward_workspace_size"):
             getattr(self.lib, name).restype = ctypes.c_int
@@ -78,6 +82,7 @@ class FlashAttn:
         o = Options()
         self.lib.flashattn_options_init(ctypes.byref(o))
         o.causal, o.backend, o.deterministic = int(causal), BACKEND_CUDA, int(deterministic)
+        o.dropout_p, o.dropout_seed = self.dropout_p, 7
         o.cuda_stream = torch.cuda.current_stream().cuda_stream
         return o
 
@@ -202,17 +207,18 @@ def sm80_kernels():
             os.environ["FLASHATTN_CUDA_KERNELS"] = previous
 
 
-def sdpa_group(name, backend, q, k, v, dout, causal, backward):
+def sdpa_group(name, backend, q, k, v, dout, causal, backward, dropout_p):
     """(group for mirrored_medians, output) of torch SDPA with one backend, or None if it refuses."""
     qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
     context = lambda: sdpa_kernel([backend])
+    sdpa = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal)
     try:
         with context():
-            out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+            out = sdpa(qg, kg, vg)
     except RuntimeError as e:
         print(f"  {backend}: {str(e).splitlines()[0]}", file=sys.stderr)
         return None
-    items = [(f"{name}_fwd", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))]
+    items = [(f"{name}_fwd", lambda: sdpa(q, k, v))]
     if backward:
         items.append((f"{name}_bwd", lambda: torch.autograd.grad(out, (qg, kg, vg), dout, retain_graph=True)))
     return (context, items), out.detach()
@@ -230,11 +236,15 @@ def main():
     ap.add_argument("--head-dims", default="64,128,256", help="comma-separated head dims (default 64,128,256)")
     ap.add_argument("--long", action="store_true",
                     help="long-context rows instead: B=1, H=16, d=128, causal, N = 64k, 128k, 256k")
+    ap.add_argument("--dropout", type=float, default=0.0, metavar="P",
+                    help="dropout probability for every implementation (default 0)")
     ap.add_argument("--markdown", help="write the table here as well")
     ap.add_argument("--jsonl", help="one JSON object per measurement")
     args = ap.parse_args()
 
-    fa = FlashAttn(args.library)
+    if not 0.0 <= args.dropout < 1.0:
+        ap.error(f"--dropout must be in [0, 1), got {args.dropout}")
+    fa = FlashAttn(args.library, args.dropout)
     dev = torch.device("cuda")
     torch.manual_seed(0)
     lengths = [1024, 4096, 16384] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
@@ -258,7 +268,7 @@ def main():
             ("ours_bwd_det", fa.backward_call(dout, q, k, v, out, lse, dq, dk, dv, causal, True))] if backward else []))]
         # The mma.sync (sm80) kernels too, where the sm_90a ones serve by default (not for the
         # long rows, where they would take most of the run, nor with --no-sm80).
-        if not args.long and not args.no_sm80 and not args.ours_only:
+        if not args.long and not args.no_sm80 and not args.ours_only and not args.dropout:
             with sm80_kernels():  # the workspace sizes are the sm80 kernels' too
                 groups.append((sm80_kernels, [("sm80_fwd", fa.forward_call(q, k, v, out, lse, causal))] + (
                     [("sm80_bwd", fa.backward_call(dout, q, k, v, out, lse, dq, dk, dv, causal, False)),
@@ -268,13 +278,14 @@ def main():
         for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
             if args.ours_only:
                 break
-            r = sdpa_group(name, backend, q, k, v, dout, causal, backward)
+            r = sdpa_group(name, backend, q, k, v, dout, causal, backward, args.dropout)
             if r:
                 groups.append(r[0])
                 ref = r[1] if ref is None else ref
         ms = mirrored_medians(groups)
         ours_fwd()  # out and lse of the default kernels, compared below
-        err = (out.float() - ref.float()).abs().max().item() if ref is not None else float("nan")
+        # (Under dropout each implementation drops other elements: no comparison.)
+        err = (out.float() - ref.float()).abs().max().item() if ref is not None and not args.dropout else float("nan")
         fl_f, fl_b = flops(b, heads, n, d, causal, False), flops(b, heads, n, d, causal, True)
         tf = lambda fl, t: fl / (t * 1e-3) / 1e12 if t else float("nan")
         row = dict(d=d, n=n, batch=b, heads=heads, causal=causal, max_abs_diff_vs_sdpa=err)
@@ -292,7 +303,8 @@ def main():
 
     commit = library_commit(args.library)
     lines = [f"{datetime.date.today()} · {torch.cuda.get_device_name()} · torch {torch.__version__} · "
-             f"cuDNN {torch.backends.cudnn.version()} · commit {commit} · bf16, B·N = 16k, H = 2048/d",
+             f"cuDNN {torch.backends.cudnn.version()} · commit {commit} · bf16, B·N = 16k, H = 2048/d"
+             + (f", dropout {args.dropout}" if args.dropout else ""),
              "",
              "| B | H | d | N | causal | ours fwd | sm80 fwd | FLASH fwd | cuDNN fwd | ours/cuDNN | sm80/FLASH "
              "| ours bwd | sm80 bwd | det bwd | sm80 det | FLASH bwd | cuDNN bwd | ours/cuDNN | sm80/FLASH "

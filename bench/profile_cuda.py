@@ -49,7 +49,7 @@ def shape_calls(args):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from bench_cuda import FlashAttn
 
-    fa = FlashAttn(args.library)
+    fa = FlashAttn(args.library, args.dropout)
     h = 2048 // args.d
     b = max(1, 16384 // args.n)
     shape = (b, h, args.n, args.d)
@@ -63,11 +63,11 @@ def shape_calls(args):
     for backend in backends:
         qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
         with sdpa_kernel([backend]):
-            ref = F.scaled_dot_product_attention(qg, kg, vg, is_causal=args.causal)
+            ref = F.scaled_dot_product_attention(qg, kg, vg, dropout_p=args.dropout, is_causal=args.causal)
 
         def forward(backend=backend):
             with sdpa_kernel([backend]):
-                F.scaled_dot_product_attention(q, k, v, is_causal=args.causal)
+                F.scaled_dot_product_attention(q, k, v, dropout_p=args.dropout, is_causal=args.causal)
 
         def backward(ref=ref, inputs=(qg, kg, vg)):
             torch.autograd.grad(ref, inputs, dout, retain_graph=True)
@@ -116,7 +116,7 @@ def kernel_times(args, reps=20):
 def profile(args):
     cmd = ["ncu", "--csv", "--page", "raw", "-k", KERNELS, "--metrics", ",".join(METRICS),
            sys.executable, os.path.abspath(__file__), "--library", args.library, "--d", str(args.d), "--n",
-           str(args.n), "--reference", args.reference] + (["--causal"] if args.causal else [])
+           str(args.n), "--reference", args.reference, "--dropout", str(args.dropout)] + (["--causal"] if args.causal else [])
     result = subprocess.run(cmd, capture_output=True, text=True)
     text = result.stdout
     if '"ID"' not in text:
@@ -140,7 +140,7 @@ def sample_sass(args):
     subprocess.run(["ncu", "-f", "--kernel-name-base", "demangled", "-k", kernel, "--launch-count", "1",
                     "--section", "SourceCounters", "--section", "WarpStateStats", "-o", report,
                     sys.executable, os.path.abspath(__file__), "--library", args.library, "--d", str(args.d),
-                    "--n", str(args.n), "--reference", args.reference] + (["--causal"] if args.causal else []),
+                    "--n", str(args.n), "--reference", args.reference, "--dropout", str(args.dropout)] + (["--causal"] if args.causal else []),
                    check=True)
     export = ["ncu", "-i", report + ".ncu-rep", "--page", "source", "--csv"]
     result = subprocess.run(export + ["--print-source", "sass"], capture_output=True, text=True)
@@ -176,6 +176,7 @@ def main():
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--n", type=int, default=4096)
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--dropout", type=float, default=0.0, metavar="P", help="dropout probability (default 0)")
     ap.add_argument("--reference", choices=["flash", "cudnn", "both"], default="flash",
                     help="PyTorch SDPA backend(s) profiled beside ours")
     ap.add_argument("--ncu", action="store_true", help="run under Nsight Compute and print the metrics")
