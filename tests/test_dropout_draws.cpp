@@ -1,5 +1,5 @@
-// The sm80 backward's shared dropout draws (cuda/sm80/dropout_draws.h): a warp simulated round by
-// round and rotation by rotation, as the kernel runs it, ends with every lane holding the keep
+// The sm80 backward's shared dropout draws (cuda/sm80/dropout_draws.h): a warp simulated call by
+// call and rotation by rotation, as the kernel runs it, ends with every lane holding the keep
 // decision of each of its S^T elements exactly as semantics::Dropout::keep draws it.
 #include <gtest/gtest.h>
 
@@ -11,35 +11,33 @@
 namespace {
 
 using flashattn::cuda::dropout_element;
-using flashattn::cuda::dropout_sent_word;
+using flashattn::cuda::dropout_keep_byte;
+using flashattn::cuda::dropout_received_bits;
 using flashattn::cuda::dropout_source;
 using flashattn::cuda::DropoutElement;
 using flashattn::semantics::Dropout;
 using flashattn::semantics::Philox4;
 
-// Keep bits of the 32 lanes after the kernel's rounds (dropout_keep_bits in the backward kernel).
+// Keep bits of the 32 lanes after the kernel's rounds and rotations (dropout_keep_bits in the
+// backward kernel).
 template <int kKeyTiles, int kQueryTiles>
 void simulate_warp(const Dropout& drop, int64_t batch_head, int64_t query0, int64_t key0, uint32_t (&keep)[32]) {
   constexpr int kElements = 4 * kKeyTiles * kQueryTiles;
-  for (uint32_t& k : keep) k = 0;
-  for (int round = 0; round < kElements / 8; ++round) {
-    Philox4 drawn[32];
+  uint32_t mine[32] = {};
+  for (int round = 0; round < kElements / 8; ++round)
     for (int lane = 0; lane < 32; ++lane) {
       const int g = lane / 4, t = lane % 4;
       const DropoutElement e = dropout_element<kQueryTiles>(round * 8 + g);
-      drawn[lane] = drop.draws(batch_head, query0 + e.query_tile * 8 + 2 * t + e.c, (key0 >> 3) + e.key_tile * 2 + e.half);
+      const Philox4 r =
+          drop.draws(batch_head, query0 + e.query_tile * 8 + 2 * t + e.c, (key0 >> 3) + e.key_tile * 2 + e.half);
+      mine[lane] |= dropout_keep_byte(r, drop.threshold) << (8 * round);
     }
-    for (int rotation = 0; rotation < 8; ++rotation) {
-      uint32_t sent[32];
-      for (int lane = 0; lane < 32; ++lane) sent[lane] = drawn[lane].x[dropout_sent_word(lane / 4, rotation)];
-      for (int lane = 0; lane < 32; ++lane) {
-        const int g = lane / 4, t = lane % 4;
-        const uint32_t word = sent[dropout_source(g, rotation) * 4 + t];
-        const uint32_t draw = (word >> (16 * (g & 1))) & 0xFFFFu;
-        keep[lane] |= uint32_t(draw >= drop.threshold) << (round * 8 + dropout_source(g, rotation));
-      }
+  for (uint32_t& k : keep) k = 0;
+  for (int rotation = 0; rotation < 8; ++rotation)
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane / 4, t = lane % 4, source = dropout_source(g, rotation);
+      keep[lane] |= dropout_received_bits(mine[source * 4 + t], g, source);
     }
-  }
 }
 
 template <int kKeyTiles, int kQueryTiles>

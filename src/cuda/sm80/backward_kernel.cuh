@@ -129,29 +129,28 @@ __device__ __forceinline__ void accumulate_dq_row(float* accum, int64_t row, int
 
 // Keep bits of a lane's S^T elements under dropout, bit `element` for the element that
 // dropout_draws.h numbers so (keys from key0, a multiple of 16; queries from query0): one Philox
-// call per 8 elements instead of one per element, its words rotated among a column's lanes.
-// Every lane of the warp must call it.
+// call per 8 elements instead of one per element, its keep bits transposed among a column's
+// lanes. Every lane of the warp must call it.
 template <int kKeyTiles, int kQueryTiles>
 __device__ __forceinline__ uint32_t dropout_keep_bits(const semantics::Dropout& drop, int64_t batch_head,
                                                       int64_t query0, int64_t key0) {
   constexpr int kElements = 4 * kKeyTiles * kQueryTiles;
   static_assert(kElements % 8 == 0 && kElements <= 32, "rounds of 8 elements, one bit each");
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  uint32_t keep = 0;
+  uint32_t mine = 0;  // byte `round`: the keep bits of this lane's call in that round
 #pragma unroll
   for (int round = 0; round < kElements / 8; ++round) {
     const DropoutElement e = dropout_element<kQueryTiles>(round * 8 + g);
     const semantics::Philox4 r =
         drop.draws(batch_head, query0 + e.query_tile * 8 + 2 * t + e.c, (key0 >> 3) + e.key_tile * 2 + e.half);
+    mine |= dropout_keep_byte(r, drop.threshold) << (8 * round);
+  }
+  uint32_t keep = 0;
 #pragma unroll
-    for (int rotation = 0; rotation < 8; ++rotation) {
-      const int w = dropout_sent_word(g, rotation);
-      const uint32_t sent = w == 0 ? r.x[0] : w == 1 ? r.x[1] : w == 2 ? r.x[2] : r.x[3];
-      const uint32_t word =
-          rotation == 0 ? sent : __shfl_sync(0xffffffffu, sent, dropout_source(g, rotation) * 4 + t);
-      const uint32_t draw = (word >> (16 * (g & 1))) & 0xFFFFu;
-      keep |= uint32_t(draw >= drop.threshold) << (round * 8 + dropout_source(g, rotation));
-    }
+  for (int rotation = 0; rotation < 8; ++rotation) {
+    const int source = dropout_source(g, rotation);
+    const uint32_t sent = rotation == 0 ? mine : __shfl_sync(0xffffffffu, mine, source * 4 + t);
+    keep |= dropout_received_bits(sent, g, source);
   }
   return keep;
 }
