@@ -116,7 +116,8 @@ def kernel_times(args, reps=20):
 def profile(args):
     cmd = ["ncu", "--csv", "--page", "raw", "-k", KERNELS, "--metrics", ",".join(METRICS),
            sys.executable, os.path.abspath(__file__), "--library", args.library, "--d", str(args.d), "--n",
-           str(args.n), "--reference", args.reference, "--dropout", str(args.dropout)] + (["--causal"] if args.causal else [])
+           str(args.n), "--reference", args.reference, "--dropout", str(args.dropout)]
+    cmd += ["--causal"] if args.causal else []
     result = subprocess.run(cmd, capture_output=True, text=True)
     text = result.stdout
     if '"ID"' not in text:
@@ -140,7 +141,8 @@ def sample_sass(args):
     subprocess.run(["ncu", "-f", "--kernel-name-base", "demangled", "-k", kernel, "--launch-count", "1",
                     "--section", "SourceCounters", "--section", "WarpStateStats", "-o", report,
                     sys.executable, os.path.abspath(__file__), "--library", args.library, "--d", str(args.d),
-                    "--n", str(args.n), "--reference", args.reference, "--dropout", str(args.dropout)] + (["--causal"] if args.causal else []),
+                    "--n", str(args.n), "--reference", args.reference, "--dropout", str(args.dropout)]
+                   + (["--causal"] if args.causal else []),
                    check=True)
     export = ["ncu", "-i", report + ".ncu-rep", "--page", "source", "--csv"]
     result = subprocess.run(export + ["--print-source", "sass"], capture_output=True, text=True)
