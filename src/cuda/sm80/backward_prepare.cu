@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(const __grid_constant
   const int col = int(thread % lanes) * 8;
   const DqLayout layout = DqLayout(p.dq_layout);
   const int64_t copy_floats = dq_accum_copy_floats(layout, p.rows_q, p.heads_q, padded_d);
-  const int64_t rows = copy_floats / (int64_t(p.heads_q) * padded_d);  // with the padding
+  const int64_t rows = dq_accum_rows(layout, p.rows_q);  // with the padding
   if (item >= int64_t(p.heads_q) * rows) return;  // whole groups leave together
   const int h = int(item / rows);
   const int64_t row = item % rows;
