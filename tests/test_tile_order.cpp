@@ -87,7 +87,6 @@ TEST(TileShape, Sm90KernelsFitSharedMemory) {
   EXPECT_EQ(backward_dq_cols(128), 64);
 }
 
-
 // Deterministic mode keeps one turn per (query tile, consumer) at 2 * (h * stride + packed_q(b) /
 // block_m + b + m) + consumer (the sm80 backward uses consumer 0's): no two tiles of a call may
 // share it, and it stays inside the backward_dq_turns ints the host allocates, for dense and

@@ -25,7 +25,8 @@ Status launch_backward(const KernelParams& p, cudaStream_t stream);
 template <typename T>
 Status launch_combine(const KernelParams& p, int padded_head_dim, cudaStream_t stream);
 
-// Backward before the main kernel: delta = rowsum(dO * O), dq_accum = 0.
+// Backward before the main kernel: delta = rowsum(dO * O), dq_accum = 0 and, deterministic, the
+// turns of its adds = 0.
 template <typename T>
 Status launch_backward_prepare(const KernelParams& p, int padded_head_dim, cudaStream_t stream);
 // Backward after the main kernel: dq = scale * sum of the dq_accum copies, in T, read in the

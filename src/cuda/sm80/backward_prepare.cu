@@ -1,5 +1,6 @@
 // The small kernels around the backward's main kernel.
-//   prepare: delta = rowsum(dO * O) and lse * log2(e) per (head, packed query row), dq_accum = 0;
+//   prepare: delta = rowsum(dO * O) and lse * log2(e) per (head, packed query row), dq_accum = 0
+//            (and the deterministic turns, by a memset);
 //   finish:  dq = scale * (sum of the dq_accum copies, in a fixed order), converted to T, from
 //            dq_accum's column order (KernelParams::dq_layout).
 #include <cmath>
@@ -160,6 +161,10 @@ unsigned blocks_for(int64_t threads) { return unsigned((threads + kThreads - 1) 
 
 template <typename T>
 Status launch_backward_prepare(const KernelParams& p, int padded_head_dim, cudaStream_t stream) {
+  if (p.deterministic) {  // every copy's turns start at "no key block has added yet"
+    const size_t bytes = size_t(p.dq_copies) * size_t(backward_dq_turns(p.rows_q, p.batch, p.heads_q)) * sizeof(int);
+    FA_TRY(device_status(cudaMemsetAsync(p.dq_turns, 0, bytes, stream), "cudaMemsetAsync(dq_turns)"));
+  }
   // Items (head, packed row) include row tiles' padding rows, which only zero dq_accum.
   const int64_t items = dq_accum_rows(DqLayout(p.dq_layout), p.rows_q) * p.heads_q;
   if (items == 0) return Status::ok();

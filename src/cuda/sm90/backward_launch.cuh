@@ -42,10 +42,6 @@ Status launch_backward_main(const KernelParams& p, cudaStream_t stream) {
 template <typename T, int kD>
 Status launch_backward(const KernelParams& p, cudaStream_t stream) {
   FA_TRY(launch_backward_prepare<T>(p, kD, stream));
-  if (p.deterministic) {
-    const size_t bytes = size_t(p.dq_copies) * size_t(backward_dq_turns(p.rows_q, p.batch, p.heads_q)) * sizeof(int);
-    FA_TRY(device_status(cudaMemsetAsync(p.dq_turns, 0, bytes, stream), "cudaMemsetAsync(dq_turns)"));
-  }
   if (p.seqlen_k > 0)
     FA_TRY((ScoreRule::is_general(p) ? launch_backward_main<T, kD, true>(p, stream)
                                      : launch_backward_main<T, kD, false>(p, stream)));
