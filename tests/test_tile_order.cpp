@@ -5,17 +5,24 @@
 
 #include <cstdint>
 #include <set>
+#include <string>
 #include <tuple>
 #include <vector>
 
 #include "cuda/dq_accum_layout.h"
+#include "cuda/sm80/backward_order.h"
 #include "cuda/sm90/tile_shapes.h"
 
 namespace {
 
 using flashattn::cuda::sm90::backward_dq_cols;
+using flashattn::cuda::backward_block;
 using flashattn::cuda::backward_dq_turn_stride;
 using flashattn::cuda::backward_dq_turns;
+using flashattn::cuda::backward_grid;
+using flashattn::cuda::backward_pairs_innermost;
+using flashattn::cuda::BackwardBlock;
+using flashattn::cuda::BackwardGrid;
 using flashattn::cuda::sm90::backward_shape;
 using flashattn::cuda::sm90::backward_smem_bytes;
 using flashattn::cuda::sm90::forward_shape;
@@ -115,6 +122,56 @@ TEST(BackwardDqTurns, EveryTileHasATurnOfItsOwn) {
         }
         EXPECT_EQ(seen.size(), 2 * tiles) << "block_m " << block_m << ", heads " << heads;
       }
+}
+
+// The sm80 backward's grid runs every (key block, kv head, sequence) once, and in deterministic
+// mode launches key block n + 1 of a pair before key block n, whose adds to a dQ tile wait for
+// it (a block that waited for one launched after it could wait for a block that never becomes
+// resident); without a mask the pairs come innermost, with one the key blocks.
+TEST(BackwardLaunchOrder, DeterministicBlocksWaitOnlyForBlocksLaunchedBefore) {
+  struct Index {
+    unsigned x, y, z;
+  };
+  struct Params {
+    int deterministic, window_left, window_right;
+  };
+  for (const int key_blocks : {1, 2, 7})
+    for (const int heads_kv : {1, 3})
+      for (const int batch : {1, 2})
+        for (const Params p : {Params{0, -1, -1}, Params{0, -1, 0}, Params{1, -1, -1}, Params{1, -1, 0}, Params{1, 40, 3}}) {
+          const bool pairs = backward_pairs_innermost(p.deterministic, p.window_left, p.window_right);
+          EXPECT_EQ(pairs, p.deterministic && p.window_left < 0 && p.window_right < 0);
+          const BackwardGrid g = backward_grid(key_blocks, heads_kv, batch, pairs);
+          ASSERT_EQ(int64_t(g.x) * g.y * g.z, int64_t(key_blocks) * heads_kv * batch);
+          // launched[(b * heads_kv + hk) * key_blocks + n]: the block's place in launch order.
+          std::vector<int64_t> launched(size_t(key_blocks) * heads_kv * batch, -1);
+          int64_t order = 0;
+          for (unsigned z = 0; z < g.z; ++z)
+            for (unsigned y = 0; y < g.y; ++y)
+              for (unsigned x = 0; x < g.x; ++x, ++order) {
+                const BackwardBlock at = backward_block(Index{x, y, z}, Index{g.x, g.y, g.z}, p);
+                ASSERT_TRUE(at.key_block >= 0 && at.key_block < key_blocks && at.kv_head >= 0 &&
+                            at.kv_head < heads_kv && at.batch >= 0 && at.batch < batch);
+                int64_t& slot = launched[(size_t(at.batch) * heads_kv + at.kv_head) * key_blocks + at.key_block];
+                EXPECT_EQ(slot, -1) << "a block runs twice";
+                slot = order;
+              }
+          const std::string what = "key blocks " + std::to_string(key_blocks) + ", kv heads " +
+                                   std::to_string(heads_kv) + ", batch " + std::to_string(batch) +
+                                   (p.deterministic ? ", deterministic" : "") + (pairs ? ", pairs innermost" : "");
+          for (size_t pair = 0; pair < size_t(heads_kv) * batch; ++pair)
+            for (int n = 0; n + 1 < key_blocks; ++n) {
+              const int64_t first = launched[pair * key_blocks + n], second = launched[pair * key_blocks + n + 1];
+              if (p.deterministic)
+                EXPECT_LT(second, first) << what;  // key block n waits for n + 1
+              else
+                EXPECT_LT(first, second) << what;  // the heaviest causal key blocks first
+            }
+          // Pairs innermost: the first heads_kv * batch blocks are every pair's last key block.
+          if (pairs)
+            for (size_t pair = 0; pair < size_t(heads_kv) * batch; ++pair)
+              EXPECT_LT(launched[pair * key_blocks + key_blocks - 1], int64_t(heads_kv) * batch) << what;
+        }
 }
 
 }  // namespace

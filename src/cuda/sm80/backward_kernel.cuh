@@ -25,6 +25,7 @@
 #include "cuda/common/turns.cuh"
 #include "cuda/dq_accum_layout.h"
 #include "cuda/sm80/attention_common.cuh"
+#include "cuda/sm80/backward_order.h"
 #include "cuda/sm80/dropout_draws.h"
 #include "cuda/sm80/tile_shapes.h"
 
@@ -155,27 +156,6 @@ __device__ __forceinline__ uint32_t dropout_keep_bits(const semantics::Dropout& 
   return keep;
 }
 
-// The key block, kv head and sequence of this thread block: the grid is (key blocks, kv heads,
-// batch), or in deterministic mode without a mask (kv heads, batch, key blocks), the pairs
-// innermost (launch_backward_main). Deterministic mode runs key blocks in descending order, so
-// that key block n + 1, whose adds to a dQ tile come before this block's, was launched before it
-// (no block waits for one that may not be resident). Without a mask every key block of a pair
-// walks the same query blocks in step, each a step behind the last; with the pairs innermost,
-// blocks resident at once seldom belong to one pair (at N = 1k and 4k, 0.70 of the default
-// backward's speed at d = 64 otherwise). Under a causal mask key blocks start their walks at
-// their diagonals and hardly wait, and key blocks innermost run a pair's lighter blocks first.
-struct BlockCoord {
-  int key_block, kv_head, batch;
-};
-__host__ __device__ __forceinline__ bool backward_pairs_innermost(const KernelParams& p) {
-  return p.deterministic && p.window_left < 0 && p.window_right < 0;
-}
-__device__ __forceinline__ BlockCoord block_coord(const KernelParams& p) {
-  if (!p.deterministic) return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
-  if (backward_pairs_innermost(p)) return {int(gridDim.z - 1 - blockIdx.z), int(blockIdx.x), int(blockIdx.y)};
-  return {int(gridDim.x - 1 - blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
-}
-
 }  // namespace backward_detail
 
 // Dropout and general scores (ScoreRule::is_general) are template parameters, so the common
@@ -191,7 +171,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM, kBlock
   constexpr int kM = C::kM, kN = C::kN;
   extern __shared__ __align__(128) unsigned char smem[];
 
-  const backward_detail::BlockCoord at = backward_detail::block_coord(p);
+  const BackwardBlock at = backward_block(blockIdx, gridDim, p);
   const int hk = at.kv_head, b = at.batch, n = at.key_block;
   const Sequence seq = Sequence::of(p, b);
   const int n_blocks = (seq.seqlen_k + kN - 1) / kN;

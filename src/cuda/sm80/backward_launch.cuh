@@ -24,13 +24,13 @@ Status launch_backward_main(const KernelParams& p, cudaStream_t stream) {
   FA_TRY(device_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes),
                        "cudaFuncSetAttribute(backward_kernel)"));
   const int n_blocks = (p.seqlen_k + C::kN - 1) / C::kN;
-  // Deterministic without a mask: the (kv head, sequence) pairs innermost (block_coord says why).
-  const bool pairs_innermost = backward_detail::backward_pairs_innermost(p);
+  // The grid's order: backward_order.h.
+  const bool pairs_innermost = backward_pairs_innermost(p.deterministic, p.window_left, p.window_right);
   if (pairs_innermost && n_blocks > 65535)
     return make_status(FLASHATTN_ERROR_UNSUPPORTED, "deterministic backward: seqlen_k = ", p.seqlen_k, " gives ",
                        n_blocks, " blocks of ", C::kN, " keys, past a grid's 65535");
-  const dim3 grid = pairs_innermost ? dim3(unsigned(p.heads_kv), unsigned(p.batch), unsigned(n_blocks))
-                                    : dim3(unsigned(n_blocks), unsigned(p.heads_kv), unsigned(p.batch));
+  const BackwardGrid g = backward_grid(n_blocks, p.heads_kv, p.batch, pairs_innermost);
+  const dim3 grid(g.x, g.y, g.z);
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
   return device_status(cudaGetLastError(), "backward_kernel launch");
 }
