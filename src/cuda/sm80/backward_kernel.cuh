@@ -78,6 +78,14 @@ namespace backward_detail {
 struct Walk {
   int head_first, heads, m_begin, m_end;
   __device__ int steps() const { return heads * max(0, m_end - m_begin); }
+
+  // The query blocks of kM rows that see keys [j_first, j_last], for heads [head_first, +heads).
+  template <int kM>
+  __device__ static Walk of(const semantics::Window& window, int head_first, int heads, int64_t j_first,
+                            int64_t j_last) {
+    const int64_t first_q = window.first_query(j_first), last_q = window.last_query(j_last);
+    return {head_first, heads, int(first_q / kM), first_q <= last_q ? int(last_q / kM) + 1 : int(first_q / kM)};
+  }
 };
 
 // One step of a walk: query block m_block of head `head`. next() advances without a division
@@ -203,9 +211,8 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM, kBlock
   const int keys_valid = int(min(int64_t(kN), int64_t(seq.seqlen_k) - j0));
   // Query blocks that see keys [j0, j0 + keys_valid): the same for every head of the group.
   const ScoreRule rule0 = ScoreRule::make(p, seq, b, hk * p.group);
-  const int64_t first_q = rule0.window.first_query(j0), last_q = rule0.window.last_query(j0 + keys_valid - 1);
-  const backward_detail::Walk walk{hk * p.group, p.group, int(first_q / kM),
-                                   first_q <= last_q ? int(last_q / kM) + 1 : int(first_q / kM)};
+  const backward_detail::Walk walk =
+      backward_detail::Walk::of<kM>(rule0.window, hk * p.group, p.group, j0, j0 + keys_valid - 1);
   // Deterministic mode: each dQ tile takes the adds of the key blocks that see it in descending
   // order. Key block n + 1 sees query blocks [after_begin, after_end): to those this block adds
   // once n + 1 has. The tile of a step is handed on at the next step's dS barrier (or after the
@@ -215,10 +222,10 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM, kBlock
   if (p.deterministic && threadIdx.x == 0) {
     int after_begin = 0, after_end = 0;
     if (j0 + kN < seq.seqlen_k) {
-      const int64_t first = rule0.window.first_query(j0 + kN);
-      const int64_t last = rule0.window.last_query(min(j0 + 2 * kN, int64_t(seq.seqlen_k)) - 1);
-      after_begin = int(first / kM);
-      after_end = first <= last ? int(last / kM) + 1 : after_begin;
+      const backward_detail::Walk after = backward_detail::Walk::of<kM>(
+          rule0.window, 0, 0, j0 + kN, min(j0 + 2 * kN, int64_t(seq.seqlen_k)) - 1);
+      after_begin = after.m_begin;
+      after_end = after.m_end;
     }
     turn_state[0] = after_begin;
     turn_state[1] = after_end;
