@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/semantics.h"
 #include "cuda/sm80/dropout_draws.h"
@@ -19,20 +20,24 @@ using flashattn::semantics::Dropout;
 using flashattn::semantics::Philox4;
 
 // Keep bits of the 32 lanes after the kernel's rounds and rotations (dropout_keep_bits in the
-// backward kernel).
+// backward kernel), in 32 or 64 bits as there.
 template <int kKeyTiles, int kQueryTiles>
-void simulate_warp(const Dropout& drop, int64_t batch_head, int64_t query0, int64_t key0, uint32_t (&keep)[32]) {
+using Bits = std::conditional_t<(4 * kKeyTiles * kQueryTiles > 32), uint64_t, uint32_t>;
+
+template <int kKeyTiles, int kQueryTiles>
+void simulate_warp(const Dropout& drop, int64_t batch_head, int64_t query0, int64_t key0,
+                   Bits<kKeyTiles, kQueryTiles> (&keep)[32]) {
   constexpr int kElements = 4 * kKeyTiles * kQueryTiles;
-  uint32_t mine[32] = {};
+  Bits<kKeyTiles, kQueryTiles> mine[32] = {};
   for (int round = 0; round < kElements / 8; ++round)
     for (int lane = 0; lane < 32; ++lane) {
       const int g = lane / 4, t = lane % 4;
       const DropoutElement e = dropout_element<kQueryTiles>(round * 8 + g);
       const Philox4 r =
           drop.draws(batch_head, query0 + e.query_tile * 8 + 2 * t + e.c, (key0 >> 3) + e.key_tile * 2 + e.half);
-      mine[lane] |= dropout_keep_byte(r, drop.threshold) << (8 * round);
+      mine[lane] |= Bits<kKeyTiles, kQueryTiles>(dropout_keep_byte(r, drop.threshold)) << (8 * round);
     }
-  for (uint32_t& k : keep) k = 0;
+  for (auto& k : keep) k = 0;
   for (int rotation = 0; rotation < 8; ++rotation)
     for (int lane = 0; lane < 32; ++lane) {
       const int g = lane / 4, t = lane % 4, source = dropout_source(g, rotation);
@@ -42,7 +47,7 @@ void simulate_warp(const Dropout& drop, int64_t batch_head, int64_t query0, int6
 
 template <int kKeyTiles, int kQueryTiles>
 void check_warp(const Dropout& drop, int64_t batch_head, int64_t query0, int64_t key0) {
-  uint32_t keep[32];
+  Bits<kKeyTiles, kQueryTiles> keep[32];
   simulate_warp<kKeyTiles, kQueryTiles>(drop, batch_head, query0, key0, keep);
   int dropped = 0;
   for (int lane = 0; lane < 32; ++lane) {
@@ -68,6 +73,7 @@ TEST(BackwardDropoutDraws, EveryLaneGetsItsElementsDraws) {
     for (const int64_t batch_head : {0, 5})
       for (const int64_t query0 : {0, 32, 4064})
         for (const int64_t key0 : {0, 48, 4096}) {
+          check_warp<2, 8>(drop, batch_head, query0, key0);  // 128 query rows a step: 64 elements a lane
           check_warp<2, 4>(drop, batch_head, query0, key0);  // 128 keys a block: 32 elements a lane
           check_warp<1, 4>(drop, batch_head, query0, key0);  // 64 keys a block: 16
         }

@@ -141,24 +141,28 @@ __device__ __forceinline__ void accumulate_dq_row(float* accum, int64_t row, int
 // call per 8 elements instead of one per element, its keep bits transposed among a column's
 // lanes. Every lane of the warp must call it.
 template <int kKeyTiles, int kQueryTiles>
-__device__ __forceinline__ uint32_t dropout_keep_bits(const semantics::Dropout& drop, int64_t batch_head,
-                                                      int64_t query0, int64_t key0) {
+using DropoutKeepBits = std::conditional_t<(4 * kKeyTiles * kQueryTiles > 32), uint64_t, uint32_t>;
+template <int kKeyTiles, int kQueryTiles>
+__device__ __forceinline__ DropoutKeepBits<kKeyTiles, kQueryTiles> dropout_keep_bits(const semantics::Dropout& drop,
+                                                                                     int64_t batch_head, int64_t query0,
+                                                                                     int64_t key0) {
+  using Bits = DropoutKeepBits<kKeyTiles, kQueryTiles>;
   constexpr int kElements = 4 * kKeyTiles * kQueryTiles;
-  static_assert(kElements % 8 == 0 && kElements <= 32, "rounds of 8 elements, one bit each");
+  static_assert(kElements % 8 == 0 && kElements <= 64, "rounds of 8 elements, one bit each");
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  uint32_t mine = 0;  // byte `round`: the keep bits of this lane's call in that round
+  Bits mine = 0;  // byte `round`: the keep bits of this lane's call in that round
 #pragma unroll
   for (int round = 0; round < kElements / 8; ++round) {
     const DropoutElement e = dropout_element<kQueryTiles>(round * 8 + g);
     const semantics::Philox4 r =
         drop.draws(batch_head, query0 + e.query_tile * 8 + 2 * t + e.c, (key0 >> 3) + e.key_tile * 2 + e.half);
-    mine |= dropout_keep_byte(r, drop.threshold) << (8 * round);
+    mine |= Bits(dropout_keep_byte(r, drop.threshold)) << (8 * round);
   }
-  uint32_t keep = 0;
+  Bits keep = 0;
 #pragma unroll
   for (int rotation = 0; rotation < 8; ++rotation) {
     const int source = dropout_source(g, rotation);
-    const uint32_t sent = rotation == 0 ? mine : __shfl_sync(0xffffffffu, mine, source * 4 + t);
+    const Bits sent = rotation == 0 ? mine : __shfl_sync(0xffffffffu, mine, source * 4 + t);
     keep |= dropout_received_bits(sent, g, source);
   }
   return keep;
@@ -316,7 +320,8 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM, kBlock
     const bool masked = !rule.block_unmasked(m0, kM, j0, kN) || m0 + kM > seq.seqlen_q;
     const int64_t batch_head = int64_t(b) * p.heads_q + h;
     const float exp_scale = kGeneral ? 1.f : rule.exp_scale;
-    uint32_t keep_bits = 0;  // dropout: bit ((kt * 2 + half) * kQueryTiles + qt) * 2 + c
+    // Dropout: bit ((kt * 2 + half) * kQueryTiles + qt) * 2 + c.
+    backward_detail::DropoutKeepBits<C::kKeyTiles, C::kQueryTiles> keep_bits = 0;
     if constexpr (kDropout)
       keep_bits = backward_detail::dropout_keep_bits<C::kKeyTiles, C::kQueryTiles>(drop, batch_head, m0 + query0,
                                                                                     j0 + group_key0);

@@ -14,13 +14,11 @@ auto backward_kernel_for(const KernelParams& p) {
                                   : backward_kernel<T, kD, kStages, kBlockM, kBlockN, kDropout, false>;
 }
 
-// kWithDropout: whether this configuration has the dropout kernels (the 128-row one does not).
-template <typename T, int kD, int kStages, int kBlockM, int kBlockN = 0, bool kWithDropout = true>
+template <typename T, int kD, int kStages, int kBlockM, int kBlockN = 0>
 Status launch_backward_main(const KernelParams& p, cudaStream_t stream) {
   using C = BackwardConfig<T, kD, kStages, kBlockM, kBlockN>;
-  auto kernel = backward_kernel_for<T, kD, kStages, kBlockM, kBlockN, false>(p);
-  if constexpr (kWithDropout)
-    if (p.dropout_threshold != 0) kernel = backward_kernel_for<T, kD, kStages, kBlockM, kBlockN, true>(p);
+  const auto kernel = p.dropout_threshold != 0 ? backward_kernel_for<T, kD, kStages, kBlockM, kBlockN, true>(p)
+                                               : backward_kernel_for<T, kD, kStages, kBlockM, kBlockN, false>(p);
   FA_TRY(device_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes),
                        "cudaFuncSetAttribute(backward_kernel)"));
   const int n_blocks = (p.seqlen_k + C::kN - 1) / C::kN;
@@ -36,7 +34,7 @@ Status launch_backward_main(const KernelParams& p, cudaStream_t stream) {
 }
 
 // The largest configuration the device's shared memory holds: 128 query rows per step (head
-// dims up to 64; not with dropout, whose Philox state makes that kernel spill), else 64 rows with
+// dims up to 64; with dropout a lane's keep bits then take 64 bits), else 64 rows with
 // Q and dO double-buffered, else single-buffered, else (head dims 65 to 128) 64 keys per block
 // instead of 128 (backward_takes_narrow_keys, which choose_backward() reads for its block_n too).
 template <typename T, int kD>
@@ -46,8 +44,7 @@ Status launch_backward_main_fitting(const KernelParams& p, cudaStream_t stream) 
   const int smem = device_info(device).max_smem_per_block;
   constexpr int kWide = backward_wide_block_m(kD);
   if constexpr (kWide != 0)
-    if (p.dropout_threshold == 0 && smem >= BackwardConfig<T, kD, 2, kWide>::kSmemBytes)
-      return launch_backward_main<T, kD, 2, kWide, 0, false>(p, stream);
+    if (smem >= BackwardConfig<T, kD, 2, kWide>::kSmemBytes) return launch_backward_main<T, kD, 2, kWide>(p, stream);
   if (smem >= BackwardConfig<T, kD, 2>::kSmemBytes) return launch_backward_main<T, kD, 2, 64>(p, stream);
   constexpr int kNarrow = backward_narrow_block_n(kD);
   if constexpr (kNarrow != 0)

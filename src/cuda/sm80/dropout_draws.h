@@ -10,10 +10,11 @@
 // (keys key_tile * 16 + half * 8 + g, query query_tile * 8 + 2 t + c), go in rounds of 8: in
 // round `round` lane g of column t makes the call of element round * 8 + g of its column and
 // compares its 8 draws with the threshold, keeping the bits in byte `round` of a word (bit k for
-// key k of the group: lane k's). After the rounds each lane of the column sends that word to the
-// others (7 shuffles), and lane g takes bit g of each byte of sender s's word as its bit s:
-// an 8 x 8 bit transpose per round. Drawing per element would make each call 8 times; sending
-// 16-bit draws instead of bits would take 8 shuffles and a word selection per round.
+// key k of the group: lane k's; 64 bits for more than 4 rounds). After the rounds each lane of
+// the column sends that word to the others (7 shuffles), and lane g takes bit g of each byte of
+// sender s's word as its bit s: an 8 x 8 bit transpose per round. Drawing per element would make
+// each call 8 times; sending 16-bit draws instead of bits would take 8 shuffles and a word
+// selection per round.
 #pragma once
 
 #include <cstdint>
@@ -41,8 +42,9 @@ FA_HD uint32_t dropout_keep_byte(const semantics::Philox4& r, uint32_t threshold
 // Rotation r (0 to 7): the lane of its column whose word lane g takes, and what it takes of it:
 // bit g of each round's byte, as its bits `source` of those bytes.
 FA_HD constexpr int dropout_source(int g, int rotation) { return (g + rotation) & 7; }
-FA_HD constexpr uint32_t dropout_received_bits(uint32_t sent, int g, int source) {
-  return ((sent >> g) & 0x01010101u) << source;
+template <typename Bits>
+FA_HD constexpr Bits dropout_received_bits(Bits sent, int g, int source) {
+  return ((sent >> g) & Bits(0x0101010101010101ull)) << source;
 }
 
 }  // namespace flashattn::cuda
