@@ -142,18 +142,18 @@ struct TileCopyStyle {
 using ForwardTileCopy = TileCopyStyle<32, 64>;
 using BackwardTileCopy = TileCopyStyle<8, 256>;
 
-// This thread's chunks of a tile under `Plan`: with kBounded, rows at or past `rows_valid` and
-// columns at or past `cols_valid` become zeros (their source selected to `any_valid`, size 0);
-// without, every chunk is copied.
+// This thread's chunks of a tile under `Plan`, passes [first_pass, first_pass + passes): with
+// kBounded, rows at or past `rows_valid` and columns at or past `cols_valid` become zeros (their
+// source selected to `any_valid`, size 0); without, every chunk is copied.
 template <bool kBounded, typename T, typename Tile, typename Plan>
 __device__ __forceinline__ void copy_tile(uint32_t smem_tile, const T* first_row, int64_t row_stride, int rows_valid,
-                                          int cols_valid, const void* any_valid) {
-  const int row0 = int(threadIdx.x) / Plan::kThreadsPerRow;
+                                          int cols_valid, const void* any_valid, int first_pass, int passes) {
+  const int row0 = int(threadIdx.x) / Plan::kThreadsPerRow + first_pass * Plan::kRowStep;
   const int col0 = (int(threadIdx.x) % Plan::kThreadsPerRow) * 8;
   const uint32_t dst = smem_tile + Tile::offset(row0, col0);
   const T* src = first_row + row0 * row_stride + col0;
 #pragma unroll
-  for (int pass = 0; pass < Plan::kPasses; ++pass) {
+  for (int pass = 0; pass < passes; ++pass) {
 #pragma unroll
     for (int c = 0; c < Plan::kColumnChunks; ++c) {
       const int dcol = c * Plan::kThreadsPerRow * 8;
@@ -170,19 +170,24 @@ __device__ __forceinline__ void copy_tile(uint32_t smem_tile, const T* first_row
 }
 
 // Copies rows [0, Tile::kRows) starting at `first_row` into a shared tile with cp.async; rows at
-// or past `rows_valid` and columns at or past `cols_valid` become zeros.
-template <typename T, typename Tile, int kThreads, typename Style>
+// or past `rows_valid` and columns at or past `cols_valid` become zeros. Part `part` of kParts copies
+// that share of the plan's passes (so that a kernel can spread a tile's copies over its work).
+template <typename T, typename Tile, int kThreads, typename Style, int kParts = 1>
 __device__ __forceinline__ void load_tile_async(uint32_t smem_tile, const T* first_row, int64_t row_stride,
-                                                int rows_valid, int cols_valid, const void* any_valid) {
+                                                int rows_valid, int cols_valid, const void* any_valid, int part = 0) {
   if constexpr (Tile::kCols <= Style::kUnboundedCols) {
     if (rows_valid >= Tile::kRows && cols_valid >= Tile::kCols) {
-      copy_tile<false, T, Tile, TileCopyPlan<Tile, kThreads, Style::kUnboundedThreadsPerRow>>(
-          smem_tile, first_row, row_stride, rows_valid, cols_valid, any_valid);
+      using Plan = TileCopyPlan<Tile, kThreads, Style::kUnboundedThreadsPerRow>;
+      static_assert(Plan::kPasses % kParts == 0, "whole passes per part");
+      copy_tile<false, T, Tile, Plan>(smem_tile, first_row, row_stride, rows_valid, cols_valid, any_valid,
+                                      part * (Plan::kPasses / kParts), Plan::kPasses / kParts);
       return;
     }
   }
-  copy_tile<true, T, Tile, TileCopyPlan<Tile, kThreads>>(smem_tile, first_row, row_stride, rows_valid, cols_valid,
-                                                         any_valid);
+  using Plan = TileCopyPlan<Tile, kThreads>;
+  static_assert(Plan::kPasses % kParts == 0, "whole passes per part");
+  copy_tile<true, T, Tile, Plan>(smem_tile, first_row, row_stride, rows_valid, cols_valid, any_valid,
+                                 part * (Plan::kPasses / kParts), Plan::kPasses / kParts);
 }
 
 }  // namespace flashattn::cuda

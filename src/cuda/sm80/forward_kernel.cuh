@@ -32,6 +32,8 @@ struct ForwardConfig {
   static constexpr int kSmemBytes = QTile::kBytes + 2 * KVTile::kBytes;
   static constexpr int kScoreTiles = kN / 8;  // n8 accumulator tiles of a 16-row score tile
   static constexpr int kOutTiles = kD / 8;    // n8 accumulator tiles of a 16-row output tile
+  static constexpr int kCopyParts = kShape.copy_parts;
+  static_assert(kCopyParts == 1 || 2 * kCopyParts <= kD / 16, "V's parts go in S's k-steps, K's in every other of P V's");
 };
 
 // Per-lane state of the online softmax for the lane's two rows (g and g + 8) of each row tile.
@@ -294,6 +296,12 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads)
     load_tile_async<Elem, KVTile, C::kThreads, ForwardTileCopy>(tile, rows + int64_t(n) * kN * stride, stride,
                                                                 seq.seqlen_k - n * kN, p.head_dim, base);
   };
+  // The same copy in part `part` of C::kCopyParts (tile_shapes.h says why).
+  auto load_keys_part = [&](uint32_t tile, const Elem* rows, int64_t stride, const void* base, int n, int part) {
+    load_tile_async<Elem, KVTile, C::kThreads, ForwardTileCopy, C::kCopyParts>(
+        tile, rows + int64_t(n) * kN * stride, stride, seq.seqlen_k - n * kN, p.head_dim, base, part);
+  };
+  constexpr bool kSpread = C::kCopyParts > 1;
 
   float o[kRowTiles][C::kOutTiles][4] = {};
   RowState<kRowTiles> st;
@@ -317,13 +325,19 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads)
   for (int n = n_end - 1; n >= n_begin; --n) {
     cp_async_wait<0>();
     __syncthreads();  // K[n] has landed; every warp is done with V[n + 1]
-    load_keys(s_v, v_rows, p.v.row, p.v.data, n);
-    cp_async_commit();
+    if (!kSpread) {
+      load_keys(s_v, v_rows, p.v.row, p.v.data, n);
+      cp_async_commit();
+    }
 
-    // S = Q K^T
+    // S = Q K^T; spread copies issue V[n] in its first k-steps
     float s[kRowTiles][C::kScoreTiles][4] = {};
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
+      if (kSpread && kk < C::kCopyParts) {
+        load_keys_part(s_v, v_rows, p.v.row, p.v.data, n, kk);
+        if (kk == C::kCopyParts - 1) cp_async_commit();
+      }
       uint32_t a[kRowTiles][4];
 #pragma unroll
       for (int r = 0; r < kRowTiles; ++r) ldmatrix_x4(a[r], q_frag + QTile::offset(r * 16, kk * 16));
@@ -348,7 +362,7 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads)
 
     cp_async_wait<0>();
     __syncthreads();  // V[n] has landed; every warp is done with K[n]
-    if (n > n_begin) {
+    if (!kSpread && n > n_begin) {
       load_keys(s_k, k_rows, p.k.row, p.k.data, n - 1);
       cp_async_commit();
     }
@@ -370,6 +384,10 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads)
     for (int kk = 0; kk < kN / 16; ++kk) {
 #pragma unroll
       for (int dt = 0; dt < kD / 16; ++dt) {
+        if (kSpread && kk == 0 && dt % 2 == 0 && dt / 2 < C::kCopyParts && n > n_begin) {  // K[n - 1]
+          load_keys_part(s_k, k_rows, p.k.row, p.k.data, n - 1, dt / 2);
+          if (dt / 2 == C::kCopyParts - 1) cp_async_commit();
+        }
         uint32_t bv[4];
         ldmatrix_x4_trans(bv, v_frag + KVTile::offset(kk * 16, dt * 16));
 #pragma unroll
