@@ -301,7 +301,7 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads)
     load_tile_async<Elem, KVTile, C::kThreads, ForwardTileCopy, C::kCopyParts>(
         tile, rows + int64_t(n) * kN * stride, stride, seq.seqlen_k - n * kN, p.head_dim, base, part);
   };
-  constexpr bool kSpread = C::kCopyParts > 1;
+  constexpr bool kSpread = C::kCopyParts > 1 && !kDropout;  // tile_shapes.h: not with dropout
 
   float o[kRowTiles][C::kOutTiles][4] = {};
   RowState<kRowTiles> st;

@@ -9,7 +9,8 @@ struct ForwardShape {
   // 1: a K or V tile is copied at once, before the product that hides it. n > 1: V's copy in n
   // parts over S = Q K^T's first k-steps and K's over P V's first quarter, so that a part's
   // address arithmetic does not wait for the previous part's cp.async to read its registers.
-  // Measured on the H200: d = 128 +1 to +3%, d = 64 and 256 -2 to -12% (V alone or K alone lost too).
+  // Measured on the H200: d = 128 +1 to +3%, d = 64 and 256 -2 to -12% (V alone or K alone lost too),
+  // d = 128 with dropout -3 to -5% (its kernel spills more), so the dropout kernels copy whole tiles.
   int copy_parts;
 };
 
