@@ -32,8 +32,10 @@ struct ForwardConfig {
   static constexpr int kSmemBytes = QTile::kBytes + 2 * KVTile::kBytes;
   static constexpr int kScoreTiles = kN / 8;  // n8 accumulator tiles of a 16-row score tile
   static constexpr int kOutTiles = kD / 8;    // n8 accumulator tiles of a 16-row output tile
-  static constexpr int kCopyParts = kShape.copy_parts;
-  static_assert(kCopyParts == 1 || 2 * kCopyParts <= kD / 16, "V's parts go in S's k-steps, K's in every other of P V's");
+  template <bool kDropout>
+  static constexpr int kCopyParts = kDropout ? kShape.dropout_copy_parts : kShape.copy_parts;
+  static_assert(kCopyParts<false> == 1 || 2 * kCopyParts<false> <= kD / 16, "V's parts go in S's k-steps, K's in every other of P V's");
+  static_assert(kCopyParts<true> == 1 || 2 * kCopyParts<true> <= kD / 16, "V's parts go in S's k-steps, K's in every other of P V's");
 };
 
 // Per-lane state of the online softmax for the lane's two rows (g and g + 8) of each row tile.
@@ -296,12 +298,13 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads)
     load_tile_async<Elem, KVTile, C::kThreads, ForwardTileCopy>(tile, rows + int64_t(n) * kN * stride, stride,
                                                                 seq.seqlen_k - n * kN, p.head_dim, base);
   };
-  // The same copy in part `part` of C::kCopyParts (tile_shapes.h says why).
+  // The same copy in part `part` of kParts (tile_shapes.h says why).
+  constexpr int kParts = C::template kCopyParts<kDropout>;
   auto load_keys_part = [&](uint32_t tile, const Elem* rows, int64_t stride, const void* base, int n, int part) {
-    load_tile_async<Elem, KVTile, C::kThreads, ForwardTileCopy, C::kCopyParts>(
+    load_tile_async<Elem, KVTile, C::kThreads, ForwardTileCopy, kParts>(
         tile, rows + int64_t(n) * kN * stride, stride, seq.seqlen_k - n * kN, p.head_dim, base, part);
   };
-  constexpr bool kSpread = C::kCopyParts > 1 && !kDropout;  // tile_shapes.h: not with dropout
+  constexpr bool kSpread = kParts > 1;
 
   float o[kRowTiles][C::kOutTiles][4] = {};
   RowState<kRowTiles> st;
@@ -334,9 +337,9 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads)
     float s[kRowTiles][C::kScoreTiles][4] = {};
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
-      if (kSpread && kk < C::kCopyParts) {
+      if (kSpread && kk < kParts) {
         load_keys_part(s_v, v_rows, p.v.row, p.v.data, n, kk);
-        if (kk == C::kCopyParts - 1) cp_async_commit();
+        if (kk == kParts - 1) cp_async_commit();
       }
       uint32_t a[kRowTiles][4];
 #pragma unroll
@@ -384,9 +387,9 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads)
     for (int kk = 0; kk < kN / 16; ++kk) {
 #pragma unroll
       for (int dt = 0; dt < kD / 16; ++dt) {
-        if (kSpread && kk == 0 && dt % 2 == 0 && dt / 2 < C::kCopyParts && n > n_begin) {  // K[n - 1]
+        if (kSpread && kk == 0 && dt % 2 == 0 && dt / 2 < kParts && n > n_begin) {  // K[n - 1]
           load_keys_part(s_k, k_rows, p.k.row, p.k.data, n - 1, dt / 2);
-          if (dt / 2 == C::kCopyParts - 1) cp_async_commit();
+          if (dt / 2 == kParts - 1) cp_async_commit();
         }
         uint32_t bv[4];
         ldmatrix_x4_trans(bv, v_frag + KVTile::offset(kk * 16, dt * 16));

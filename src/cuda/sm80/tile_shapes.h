@@ -9,9 +9,9 @@ struct ForwardShape {
   // 1: a K or V tile is copied at once, before the product that hides it. n > 1: V's copy in n
   // parts over S = Q K^T's first k-steps and K's over P V's first quarter, so that a part's
   // address arithmetic does not wait for the previous part's cp.async to read its registers.
-  // Measured on the H200: d = 128 +1 to +3%, d = 64 and 256 -2 to -12% (V alone or K alone lost too),
-  // d = 128 with dropout -3 to -5% (its kernel spills more), so the dropout kernels copy whole tiles.
-  int copy_parts;
+  // Measured on the H200: d = 128 +1 to +3%, d = 64 and 256 -2 to -12% (V alone or K alone lost too);
+  // with dropout (its own count) d = 128 -3 to -5% (its kernel spills more).
+  int copy_parts, dropout_copy_parts;
 };
 
 // Registers bound these: a warp holds (block_m / warps) x d fp32 outputs and as many rows of
@@ -19,10 +19,10 @@ struct ForwardShape {
 // memory twice, which keeps ldmatrix traffic below the tensor cores' rate; d = 192 and 256 can
 // only afford one (their outputs alone take 96 and 128 registers).
 constexpr ForwardShape forward_shape(int head_dim) {
-  return head_dim <= 64    ? ForwardShape{128, 64, 4, 1}
-         : head_dim <= 128 ? ForwardShape{128, 64, 4, head_dim == 128 ? 4 : 1}
-         : head_dim <= 192 ? ForwardShape{128, 64, 8, 1}
-                           : ForwardShape{64, 64, 4, 1};
+  return head_dim <= 64    ? ForwardShape{128, 64, 4, 1, head_dim == 64 ? 2 : 1}
+         : head_dim <= 128 ? ForwardShape{128, 64, 4, head_dim == 128 ? 4 : 1, 1}
+         : head_dim <= 192 ? ForwardShape{128, 64, 8, 1, 1}
+                           : ForwardShape{64, 64, 4, 1, 1};
 }
 
 struct BackwardShape {
