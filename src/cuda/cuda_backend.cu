@@ -407,6 +407,7 @@ void release(void* ptr, const Params& p) {
 
 const char* forward_kernels(const Params& p) { return choose_forward(p).hopper ? "sm90" : "sm80"; }
 const char* backward_kernels(const Params& p) { return choose_backward(p).hopper ? "sm90" : "sm80"; }
+bool head_dim_compiled(int head_dim) { return padded_head_dim(head_dim) != 0; }
 
 }  // namespace flashattn::cuda
 

@@ -10,5 +10,7 @@ namespace flashattn::cuda {
 const char* forward_kernels(const Params& p);
 // The same for the backward pass (the sm_90a backward serves head dims up to 128).
 const char* backward_kernels(const Params& p);
+// Whether a compiled head dim serves `head_dim` (FLASHATTN_HEAD_DIMS; the others are rejected).
+bool head_dim_compiled(int head_dim);
 
 }  // namespace flashattn::cuda

@@ -275,6 +275,7 @@ TEST_F(CudaAttentionRuns, Sm90ForwardServesHopperWithoutDropout) {
   p.dtype = DType::bf16;
   p.head_dim = p.head_dim_v = 96;
   p.device = FLASHATTN_DEVICE_CUDA;
+  if (!cuda::head_dim_compiled(p.head_dim)) GTEST_SKIP() << "head dim 96 not compiled (FLASHATTN_HEAD_DIMS)";
   const bool hopper = hopper_kernels_expected();
   EXPECT_STREQ(cuda::forward_kernels(p), hopper ? "sm90" : "sm80");
   p.dropout_p = 0.1f;
@@ -289,11 +290,15 @@ TEST_F(CudaAttentionRuns, Sm90BackwardServesEveryHeadDimWithoutDropout) {
   p.dtype = DType::f16;
   p.device = FLASHATTN_DEVICE_CUDA;
   const bool hopper = hopper_kernels_expected();
+  int checked = 0;
   for (int d : {40, 64, 96, 128, 192, 256}) {
+    if (!cuda::head_dim_compiled(d)) continue;
     p.head_dim = p.head_dim_v = d;
     EXPECT_STREQ(cuda::backward_kernels(p), hopper ? "sm90" : "sm80") << "head dim " << d;
+    ++checked;
   }
-  p.head_dim = p.head_dim_v = 128;
+  if (checked == 0) GTEST_SKIP() << "no head dim compiled";
+  p.head_dim = p.head_dim_v = 64;
   p.dropout_p = 0.1f;
   EXPECT_STREQ(cuda::backward_kernels(p), "sm80");
 }
