@@ -34,8 +34,8 @@ struct ForwardConfig {
   static constexpr int kOutTiles = kD / 8;    // n8 accumulator tiles of a 16-row output tile
   template <bool kDropout>
   static constexpr int kCopyParts = kDropout ? kShape.dropout_copy_parts : kShape.copy_parts;
-  static_assert(kCopyParts<false> == 1 || 2 * kCopyParts<false> <= kD / 16, "V's parts go in S's k-steps, K's in every other of P V's");
-  static_assert(kCopyParts<true> == 1 || 2 * kCopyParts<true> <= kD / 16, "V's parts go in S's k-steps, K's in every other of P V's");
+  // V's parts go in S's first k-steps, K's in every other of P V's first kD / 16 steps.
+  static_assert(copy_parts_fit(kShape.copy_parts, kD) && copy_parts_fit(kShape.dropout_copy_parts, kD));
 };
 
 // Per-lane state of the online softmax for the lane's two rows (g and g + 8) of each row tile.

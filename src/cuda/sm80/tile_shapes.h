@@ -26,6 +26,9 @@ constexpr ForwardShape forward_shape(int head_dim) {
                            : ForwardShape{64, 64, 4, 1, 1};
 }
 
+// Whether `parts` copy parts fit a forward's k-steps (see ForwardShape::copy_parts).
+constexpr bool copy_parts_fit(int parts, int head_dim) { return parts == 1 || 2 * parts <= head_dim / 16; }
+
 struct BackwardShape {
   int block_m, block_n, warps, d_split;  // query rows per step, keys per block, warps, warps per key group
   int dq_row_tiles;                      // 16-row tiles of dQ = dS K per warp
