@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "core/semantics.h"
 #include "cuda/sm80/dropout_draws.h"
@@ -16,13 +15,14 @@ using flashattn::cuda::dropout_keep_byte;
 using flashattn::cuda::dropout_received_bits;
 using flashattn::cuda::dropout_source;
 using flashattn::cuda::DropoutElement;
+using flashattn::cuda::DropoutKeepBits;
 using flashattn::semantics::Dropout;
 using flashattn::semantics::Philox4;
 
 // Keep bits of the 32 lanes after the kernel's rounds and rotations (dropout_keep_bits in the
-// backward kernel), in 32 or 64 bits as there.
+// backward kernel).
 template <int kKeyTiles, int kQueryTiles>
-using Bits = std::conditional_t<(4 * kKeyTiles * kQueryTiles > 32), uint64_t, uint32_t>;
+using Bits = DropoutKeepBits<kKeyTiles, kQueryTiles>;
 
 template <int kKeyTiles, int kQueryTiles>
 void simulate_warp(const Dropout& drop, int64_t batch_head, int64_t query0, int64_t key0,

@@ -17,7 +17,7 @@ namespace {
 
 using flashattn::cuda::sm90::backward_dq_cols;
 using flashattn::cuda::backward_block;
-using flashattn::cuda::backward_dq_turn_stride;
+using flashattn::cuda::backward_dq_turn;
 using flashattn::cuda::backward_dq_turns;
 using flashattn::cuda::backward_grid;
 using flashattn::cuda::backward_pairs_innermost;
@@ -94,9 +94,8 @@ TEST(TileShape, Sm90KernelsFitSharedMemory) {
   EXPECT_EQ(backward_dq_cols(128), 64);
 }
 
-// Deterministic mode keeps one turn per (query tile, consumer) at 2 * (h * stride + packed_q(b) /
-// block_m + b + m) + consumer (the sm80 backward uses consumer 0's): no two tiles of a call may
-// share it, and it stays inside the backward_dq_turns ints the host allocates, for dense and
+// Deterministic mode keeps one turn per (query tile, consumer), backward_dq_turn (the sm80
+// backward uses consumer 0's): no two tiles of a call may share it, and it stays inside the backward_dq_turns ints the host allocates, for dense and
 // varlen batches (empty sequences and lengths that are not multiples of the tile included).
 TEST(BackwardDqTurns, EveryTileHasATurnOfItsOwn) {
   const std::vector<std::vector<int64_t>> batches = {{1}, {64}, {65, 1, 127}, {0, 300, 0, 64, 1000}, {129, 129}};
@@ -105,7 +104,7 @@ TEST(BackwardDqTurns, EveryTileHasATurnOfItsOwn) {
       for (const auto& seqlens : batches) {
         int64_t rows_q = 0;
         for (const int64_t n : seqlens) rows_q += n;
-        const int64_t batch = int64_t(seqlens.size()), stride = backward_dq_turn_stride(rows_q, batch);
+        const int64_t batch = int64_t(seqlens.size());
         std::set<int64_t> seen;
         size_t tiles = 0;
         for (int h = 0; h < heads; ++h) {
@@ -113,7 +112,7 @@ TEST(BackwardDqTurns, EveryTileHasATurnOfItsOwn) {
           for (int64_t b = 0; b < batch; ++b) {
             for (int64_t m = 0; m < (seqlens[b] + block_m - 1) / block_m; ++m, ++tiles)
               for (int consumer = 0; consumer < 2; ++consumer) {
-                const int64_t turn = 2 * (h * stride + packed_q / block_m + b + m) + consumer;
+                const int64_t turn = backward_dq_turn(rows_q, batch, packed_q, block_m, int(b), h, int(m), consumer);
                 EXPECT_TRUE(turn >= 0 && turn < backward_dq_turns(rows_q, batch, heads)) << turn;
                 seen.insert(turn);
               }
@@ -162,15 +161,17 @@ TEST(BackwardLaunchOrder, DeterministicBlocksWaitOnlyForBlocksLaunchedBefore) {
           for (size_t pair = 0; pair < size_t(heads_kv) * batch; ++pair)
             for (int n = 0; n + 1 < key_blocks; ++n) {
               const int64_t first = launched[pair * key_blocks + n], second = launched[pair * key_blocks + n + 1];
-              if (p.deterministic)
+              if (p.deterministic) {
                 EXPECT_LT(second, first) << what;  // key block n waits for n + 1
-              else
+              } else {
                 EXPECT_LT(first, second) << what;  // the heaviest causal key blocks first
+              }
             }
           // Pairs innermost: the first heads_kv * batch blocks are every pair's last key block.
-          if (pairs)
+          if (pairs) {
             for (size_t pair = 0; pair < size_t(heads_kv) * batch; ++pair)
               EXPECT_LT(launched[pair * key_blocks + key_blocks - 1], int64_t(heads_kv) * batch) << what;
+          }
         }
 }
 

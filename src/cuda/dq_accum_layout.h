@@ -48,5 +48,10 @@ constexpr int64_t backward_dq_turn_stride(int64_t rows_q, int64_t batch) { retur
 constexpr int64_t backward_dq_turns(int64_t rows_q, int64_t batch, int64_t heads_q) {
   return 2 * heads_q * backward_dq_turn_stride(rows_q, batch);
 }
+// The turn of consumer `consumer`'s part of that tile (packed_q: sequence b's first packed row).
+constexpr int64_t backward_dq_turn(int64_t rows_q, int64_t batch, int64_t packed_q, int block_m, int b, int h, int m,
+                                   int consumer) {
+  return 2 * (h * backward_dq_turn_stride(rows_q, batch) + packed_q / block_m + b + m) + consumer;
+}
 
 }  // namespace flashattn::cuda

@@ -141,8 +141,6 @@ __device__ __forceinline__ void accumulate_dq_row(float* accum, int64_t row, int
 // call per 8 elements instead of one per element, its keep bits transposed among a column's
 // lanes. Every lane of the warp must call it.
 template <int kKeyTiles, int kQueryTiles>
-using DropoutKeepBits = std::conditional_t<(4 * kKeyTiles * kQueryTiles > 32), uint64_t, uint32_t>;
-template <int kKeyTiles, int kQueryTiles>
 __device__ __forceinline__ DropoutKeepBits<kKeyTiles, kQueryTiles> dropout_keep_bits(const semantics::Dropout& drop,
                                                                                      int64_t batch_head, int64_t query0,
                                                                                      int64_t key0) {
@@ -207,7 +205,6 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM, kBlock
 
   const Elem* k_rows = operand_row<const Elem>(p.k, b, seq.k_start, hk);
   const Elem* v_rows = operand_row<const Elem>(p.v, b, seq.k_start, hk);
-  float* dq_accum = p.dq_accum;
   const semantics::Dropout drop{p.dropout_threshold, p.dropout_inv_keep, p.dropout_seed, p.dropout_offset};
 
   if (n >= n_blocks) return;
@@ -236,7 +233,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM, kBlock
     turn_state[2] = -1;
   }
   auto turn_of = [&](int h, int m) {
-    return p.dq_turns + 2 * (h * backward_dq_turn_stride(p.rows_q, p.batch) + seq.packed_q / kM + b + m);
+    return p.dq_turns + backward_dq_turn(p.rows_q, p.batch, seq.packed_q, kM, b, h, m, 0);
   };
 
   // Loads of the query side of one step into a stage: Q, dO, lse2 and delta rows.
@@ -321,7 +318,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM, kBlock
     const int64_t batch_head = int64_t(b) * p.heads_q + h;
     const float exp_scale = kGeneral ? 1.f : rule.exp_scale;
     // Dropout: bit ((kt * 2 + half) * kQueryTiles + qt) * 2 + c.
-    backward_detail::DropoutKeepBits<C::kKeyTiles, C::kQueryTiles> keep_bits = 0;
+    DropoutKeepBits<C::kKeyTiles, C::kQueryTiles> keep_bits = 0;
     if constexpr (kDropout)
       keep_bits = backward_detail::dropout_keep_bits<C::kKeyTiles, C::kQueryTiles>(drop, batch_head, m0 + query0,
                                                                                     j0 + group_key0);
@@ -452,7 +449,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM, kBlock
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int r = rt * 16 + half * 8;
-          backward_detail::accumulate_dq_row<kD>(dq_accum, seq.packed_q + first_row + r, h, p.heads_q, dq_col0,
+          backward_detail::accumulate_dq_row<kD>(p.dq_accum, seq.packed_q + first_row + r, h, p.heads_q, dq_col0,
                                                  first_row + r < seq.seqlen_q, dq[rt], half, DqLayout(p.dq_layout));
         }
     }

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/semantics.h"  // FA_HD, Dropout
 
@@ -26,6 +27,10 @@ namespace flashattn::cuda {
 struct DropoutElement {
   int key_tile, half, query_tile, c;
 };
+
+// A lane's keep bits, bit `element` each: 32 bits, or 64 for more than 4 rounds.
+template <int kKeyTiles, int kQueryTiles>
+using DropoutKeepBits = std::conditional_t<(4 * kKeyTiles * kQueryTiles > 32), uint64_t, uint32_t>;
 
 template <int kQueryTiles>
 FA_HD constexpr DropoutElement dropout_element(int element) {

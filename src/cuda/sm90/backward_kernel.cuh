@@ -280,13 +280,14 @@ __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, i
     after_end = after.m_end;
   }
   const int row0 = int(seq.packed_q + chain * p.rows_q);
-  int* const turns =
-      p.dq_turns + chain * backward_dq_turns(p.rows_q, p.batch, p.heads_q) + 2 * (seq.packed_q / C::kM + b) + wg;
+  // This sequence's and consumer's first turn; a step's is that plus its head's and query tile's.
+  int* const turns = p.dq_turns + chain * backward_dq_turns(p.rows_q, p.batch, p.heads_q) +
+                     backward_dq_turn(p.rows_q, p.batch, seq.packed_q, C::kM, b, 0, 0, wg);
   StepCursor at(w);
 #pragma unroll 1
   for (int s = 0; s < w.steps(); ++s, at.advance(w)) {
     const int h = at.h, m = at.m;
-    int* turn = turns + 2 * (h * backward_dq_turn_stride(p.rows_q, p.batch) + m);
+    int* turn = turns + backward_dq_turn(p.rows_q, p.batch, 0, C::kM, 0, h, m, 0);
 #pragma unroll 1
     for (int r = 0; r < C::kDqRounds; ++r) {
       static_assert(C::kDqBuffers == C::kDqRounds, "a buffer per round: buffer r is handed over once a step");
