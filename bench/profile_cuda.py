@@ -113,11 +113,15 @@ def kernel_times(args, reps=20):
             print(f"  {us:9.1f}  {kernel[:110]}")
 
 
+def shape_command(args):
+    """This script, run on the same shape and library: what ncu profiles."""
+    return ([sys.executable, os.path.abspath(__file__), "--library", args.library, "--d", str(args.d), "--n",
+             str(args.n), "--reference", args.reference, "--dropout", str(args.dropout)]
+            + (["--causal"] if args.causal else []))
+
+
 def profile(args):
-    cmd = ["ncu", "--csv", "--page", "raw", "-k", KERNELS, "--metrics", ",".join(METRICS),
-           sys.executable, os.path.abspath(__file__), "--library", args.library, "--d", str(args.d), "--n",
-           str(args.n), "--reference", args.reference, "--dropout", str(args.dropout)]
-    cmd += ["--causal"] if args.causal else []
+    cmd = ["ncu", "--csv", "--page", "raw", "-k", KERNELS, "--metrics", ",".join(METRICS)] + shape_command(args)
     result = subprocess.run(cmd, capture_output=True, text=True)
     text = result.stdout
     if '"ID"' not in text:
@@ -139,10 +143,7 @@ def sample_sass(args):
     kernel = f"regex:flashattn::cuda::{'sm90::' if namespace == 'sm90' else ''}{wide}{args.pass_}_kernel"
     report = os.path.join(args.sass, f"{args.pass_}_{namespace}_d{args.d}_n{args.n}")
     subprocess.run(["ncu", "-f", "--kernel-name-base", "demangled", "-k", kernel, "--launch-count", "1",
-                    "--section", "SourceCounters", "--section", "WarpStateStats", "-o", report,
-                    sys.executable, os.path.abspath(__file__), "--library", args.library, "--d", str(args.d),
-                    "--n", str(args.n), "--reference", args.reference, "--dropout", str(args.dropout)]
-                   + (["--causal"] if args.causal else []),
+                    "--section", "SourceCounters", "--section", "WarpStateStats", "-o", report] + shape_command(args),
                    check=True)
     export = ["ncu", "-i", report + ".ncu-rep", "--page", "source", "--csv"]
     result = subprocess.run(export + ["--print-source", "sass"], capture_output=True, text=True)
