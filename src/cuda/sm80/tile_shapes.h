@@ -9,9 +9,10 @@ struct ForwardShape {
   // 1: a K or V tile is copied at once, before the product that hides it. n > 1: V's copy in n
   // parts over S = Q K^T's first k-steps and K's over P V's first quarter, so that a part's
   // address arithmetic does not wait for the previous part's cp.async to read its registers.
-  // Measured on the H200: d = 128 +1 to +3%, d = 64 and 256 -2 to -12% (V alone or K alone lost too);
-  // with dropout (a count of its own) d = 128 -3 to -5% (its kernel spills more), d = 64 0 to +1%
-  // (its 40 bytes of spills gone).
+  // Measured on the H200: d = 128 in 4 parts +1 to +3%, in 2 parts another 0 to +2%; d = 64 and
+  // 256 in 4 parts -2 to -12% (V alone or K alone lost too), d = 256 in 2 parts 0 to +1%; with
+  // dropout (a count of its own) d = 128 -3 to -5% in 4 parts, -0.3 to -2% in 2, d = 64 0 to +1%
+  // in 2 (its 40 bytes of spills gone).
   int copy_parts, dropout_copy_parts;
 };
 
@@ -21,7 +22,7 @@ struct ForwardShape {
 // only afford one (their outputs alone take 96 and 128 registers).
 constexpr ForwardShape forward_shape(int head_dim) {
   return head_dim <= 64    ? ForwardShape{128, 64, 4, 1, head_dim == 64 ? 2 : 1}
-         : head_dim <= 128 ? ForwardShape{128, 64, 4, head_dim == 128 ? 4 : 1, 1}
+         : head_dim <= 128 ? ForwardShape{128, 64, 4, head_dim == 128 ? 2 : 1, 1}
          : head_dim <= 192 ? ForwardShape{128, 64, 8, 1, 1}
                            : ForwardShape{64, 64, 4, 1, 1};
 }
