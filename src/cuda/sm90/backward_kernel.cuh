@@ -56,6 +56,7 @@ struct BackwardConfig {
   static constexpr int kDqCols = backward_dq_cols(kD, kGeneral);
   static constexpr int kDqRounds = 1;  // dQ tiles a consumer hands over per step
   static constexpr int kDqBuffers = backward_dq_buffers(kD);
+  static constexpr bool kDoApart = backward_do_apart(kD);  // false: dO shares Q's barriers
   __device__ static int dq_row(int wg) { return kM == 128 ? 64 * wg : 0; }
   __device__ static int dq_col(int wg) { return kM == 128 ? 0 : wg * kDqCols; }
   static constexpr int kColumnBlocks = kD / 64;  // 64-column TMA boxes of a row
@@ -71,7 +72,7 @@ struct BackwardConfig {
   static_assert(kDqOffset % 1024 == 0, "swizzled TMA boxes start on the 1024-byte swizzle period");
   static constexpr int kRowsOffset = kDqOffset + 2 * kDqBuffers * DqTile::kBytes;  // [stage][lse2, delta][kM] floats
   static constexpr int kBarrierOffset = kRowsOffset + kStages * 2 * kM * 4;
-  static constexpr int kBarriers = backward_barriers(kStages, kDqBuffers);
+  static constexpr int kBarriers = backward_barriers(kStages, kDqBuffers, kDoApart);
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
   static_assert(kSmemBytes == backward_smem_bytes(kD, kGeneral), "the host reads the same size");
   // Register budgets after reallocation: setmaxnreg moves registers inside the block's launch
@@ -90,15 +91,21 @@ constexpr int kDsWrittenBarrier = 1;
 // products keep the tensor cores busy, instead of both passes at once.
 constexpr int kTurnBarrier = 5;
 
-template <int kStages>
+// C: the kernel's config (its stages, dQ buffers and whether dO has barriers of its own).
+template <typename C>
 struct BackwardBarriers {
+  static constexpr int kStages = C::kStages, kDqBuffers = C::kDqBuffers;
   uint32_t base;
   __device__ uint32_t kv_full() const { return base; }  // K and V, loaded once
-  __device__ uint32_t full(int s) const { return base + 8 * (1 + s); }  // Q, dO (TMA) and rows (a warp)
+  // Q, the rows (a warp) and, unless C::kDoApart, dO.
+  __device__ uint32_t full(int s) const { return base + 8 * (1 + s); }
   __device__ uint32_t empty(int s) const { return base + 8 * (1 + kStages + s); }
   // Consumer wg's dQ buffer `buf`.
   __device__ uint32_t dq_full(int wg, int buf = 0) const { return base + 8 * (1 + 2 * kStages + 4 * buf + wg); }
   __device__ uint32_t dq_empty(int wg, int buf = 0) const { return base + 8 * (3 + 2 * kStages + 4 * buf + wg); }
+  // C::kDoApart: dO of stage s, so that S^T = K Q^T can start while dO lands.
+  __device__ uint32_t do_full(int s) const { return base + 8 * (1 + 2 * kStages + 4 * kDqBuffers + s); }
+  __device__ uint32_t do_empty(int s) const { return base + 8 * (1 + 3 * kStages + 4 * kDqBuffers + s); }
 };
 
 // Consumer wg's dQ buffer `buf`, of C::DqTile.
@@ -159,7 +166,7 @@ struct StepCursor {
 // Thread 0 of the producer: K and V of the key block, Q and dO of each step.
 template <typename C>
 __device__ void produce_tiles(const BackwardArgs& args, const Sequence& seq, int b, int hk, const KeyBlockWork& w,
-                              uint32_t smem, const BackwardBarriers<C::kStages>& bars) {
+                              uint32_t smem, const BackwardBarriers<C>& bars) {
   const KernelParams& p = args.p;
   if (w.steps() == 0) return;
   tma_prefetch_map(args.q);
@@ -179,14 +186,26 @@ __device__ void produce_tiles(const BackwardArgs& args, const Sequence& seq, int
   for (int s = 0; s < w.steps(); ++s, at.advance(w)) {
     const RingSlot<C::kStages> slot = RingSlot<C::kStages>::of(s);
     const int h = at.h, row = int(seq.q_start) + at.m * C::kM;
-    mbarrier_wait(bars.empty(slot.stage), slot.parity ^ 1u);
-    mbarrier_arrive_expect_tx(bars.full(slot.stage), 2 * C::QTile::kBytes);
     const uint32_t q_tile = smem + C::kQOffset + slot.stage * C::QTile::kBytes;
     const uint32_t do_tile = smem + C::kDoOffset + slot.stage * C::QTile::kBytes;
+    mbarrier_wait(bars.empty(slot.stage), slot.parity ^ 1u);
+    if constexpr (C::kDoApart) {
+      mbarrier_arrive_expect_tx(bars.full(slot.stage), C::QTile::kBytes);
 #pragma unroll
-    for (int cb = 0; cb < C::kColumnBlocks; ++cb) {
-      tma_load_4d(q_tile + cb * C::QTile::kBlockBytes, args.q, bars.full(slot.stage), cb * 64, row, h, batch);
-      tma_load_4d(do_tile + cb * C::QTile::kBlockBytes, args.dout, bars.full(slot.stage), cb * 64, row, h, batch);
+      for (int cb = 0; cb < C::kColumnBlocks; ++cb)
+        tma_load_4d(q_tile + cb * C::QTile::kBlockBytes, args.q, bars.full(slot.stage), cb * 64, row, h, batch);
+      mbarrier_wait(bars.do_empty(slot.stage), slot.parity ^ 1u);
+      mbarrier_arrive_expect_tx(bars.do_full(slot.stage), C::QTile::kBytes);
+#pragma unroll
+      for (int cb = 0; cb < C::kColumnBlocks; ++cb)
+        tma_load_4d(do_tile + cb * C::QTile::kBlockBytes, args.dout, bars.do_full(slot.stage), cb * 64, row, h, batch);
+    } else {
+      mbarrier_arrive_expect_tx(bars.full(slot.stage), 2 * C::QTile::kBytes);
+#pragma unroll
+      for (int cb = 0; cb < C::kColumnBlocks; ++cb) {
+        tma_load_4d(q_tile + cb * C::QTile::kBlockBytes, args.q, bars.full(slot.stage), cb * 64, row, h, batch);
+        tma_load_4d(do_tile + cb * C::QTile::kBlockBytes, args.dout, bars.full(slot.stage), cb * 64, row, h, batch);
+      }
     }
   }
 }
@@ -195,7 +214,7 @@ __device__ void produce_tiles(const BackwardArgs& args, const Sequence& seq, int
 // the sequence so that those rows get P = dS = 0. Every lane arrives on the stage's barrier.
 template <typename C>
 __device__ void produce_rows(const KernelParams& p, const Sequence& seq, const KeyBlockWork& w, uint32_t smem,
-                             const BackwardBarriers<C::kStages>& bars) {
+                             const BackwardBarriers<C>& bars) {
   const int lane = threadIdx.x % 32;
   StepCursor at(w);
 #pragma unroll 1
@@ -260,7 +279,7 @@ inline dim3 backward_grid(const KernelParams& p) {
 // chains (up to d = 64) key block n adds to copy n % 2 of dq_accum, after key block n + 2.
 template <typename C>
 __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, int b, int hk, int n,
-                                const KeyBlockWork& w, uint32_t smem, const BackwardBarriers<C::kStages>& bars, int wg) {
+                                const KeyBlockWork& w, uint32_t smem, const BackwardBarriers<C>& bars, int wg) {
   const KernelParams& p = args.p;
   if (w.steps() == 0) return;
   tma_prefetch_map(args.dq_accum);
@@ -375,9 +394,9 @@ __device__ __forceinline__ void to_score_gradients(const float (&pt)[kTiles][4],
 // its shared buffer `buf` at `tile`, once its producer thread's TMA has read what the buffer held
 // (`handed`: tiles handed over in it before). The caller announces the tile (announce_dq_tile)
 // after a proxy fence, which it may share.
-template <typename DqTile, int kCols, int kStages>
+template <typename DqTile, int kCols, typename C>
 __device__ __forceinline__ void store_dq_tile(const float (&dq)[kCols / 8][4], uint32_t tile,
-                                              const BackwardBarriers<kStages>& bars, int wg, int handed, int buf = 0) {
+                                              const BackwardBarriers<C>& bars, int wg, int handed, int buf = 0) {
   mbarrier_wait(bars.dq_empty(wg, buf), (uint32_t(handed) & 1u) ^ 1u);
   const int lane = threadIdx.x % 32, row = 16 * ((threadIdx.x % 128) / 32) + lane / 4;
   static_assert(kCols % 32 == 0, "whole 32-column blocks");
@@ -391,13 +410,13 @@ __device__ __forceinline__ void store_dq_tile(const float (&dq)[kCols / 8][4], u
     }
 }
 // Every thread, after a proxy fence that follows its stores: its part of the tile is written.
-template <int kStages>
-__device__ __forceinline__ void announce_dq_tile(const BackwardBarriers<kStages>& bars, int wg, int buf = 0) {
+template <typename C>
+__device__ __forceinline__ void announce_dq_tile(const BackwardBarriers<C>& bars, int wg, int buf = 0) {
   mbarrier_arrive(bars.dq_full(wg, buf));
 }
-template <typename DqTile, int kCols, int kStages>
+template <typename DqTile, int kCols, typename C>
 __device__ __forceinline__ void hand_over_dq_tile(const float (&dq)[kCols / 8][4], uint32_t tile,
-                                                  const BackwardBarriers<kStages>& bars, int wg, int handed,
+                                                  const BackwardBarriers<C>& bars, int wg, int handed,
                                                   int buf = 0) {
   store_dq_tile<DqTile, kCols>(dq, tile, bars, wg, handed, buf);
   fence_async_shared();  // the writes, before TMA reads them
@@ -446,12 +465,16 @@ __device__ __forceinline__ void run_backward_block(const BackwardArgs& args) {
   if (n * C::kN >= seq.seqlen_k) return;
   const KeyBlockWork w = KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n);
 
-  const BackwardBarriers<C::kStages> bars{smem + C::kBarrierOffset};
+  const BackwardBarriers<C> bars{smem + C::kBarrierOffset};
   if (threadIdx.x == 0) {
     mbarrier_init(bars.kv_full(), 1);
     for (int s = 0; s < C::kStages; ++s) {
       mbarrier_init(bars.full(s), 1 + 32);  // the TMA thread's expect-tx and the row warp's lanes
       mbarrier_init(bars.empty(s), 256);  // every consumer thread: it also reads the stage's rows
+      if constexpr (C::kDoApart) {
+        mbarrier_init(bars.do_full(s), 1);  // the TMA thread's expect-tx
+        mbarrier_init(bars.do_empty(s), 256);
+      }
     }
     for (int c = 0; c < 2; ++c)
       for (int buf = 0; buf < C::kDqBuffers; ++buf) {
@@ -487,7 +510,7 @@ struct BackwardConsumer {
   const Sequence& seq;
   int b, hk;
   uint32_t smem;
-  BackwardBarriers<C::kStages> bars;
+  BackwardBarriers<C> bars;
   int wg;  // consumer index: keys [64 wg, 64 wg + 64) of the block
   float dk[kD / 8][4], dv[kD / 8][4];
 

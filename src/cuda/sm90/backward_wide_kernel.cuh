@@ -26,6 +26,8 @@ struct WideBackwardConfig {
   static constexpr int kDqCols = kCols;
   static constexpr int kDqRounds = 2;       // dQ tiles of kCols / 2 columns a consumer hands over per step
   static constexpr int kDqBuffers = backward_dq_buffers(kD);  // one per round
+  static constexpr bool kDoApart = backward_do_apart(kD);
+  static_assert(kDoApart, "the consumers wait for dO after issuing S^T");
   static constexpr int kColumnBlocks = kD / 64;
   using QTile = SwizzledTile<kM, kD>;   // Q and dO
   using KTile = SwizzledTile<kN, kD>;   // K and V
@@ -42,7 +44,7 @@ struct WideBackwardConfig {
   static_assert(kDqOffset % 1024 == 0, "swizzled TMA boxes start on the 1024-byte swizzle period");
   static constexpr int kRowsOffset = kDqOffset + 2 * kDqBuffers * DqTile::kBytes;
   static constexpr int kBarrierOffset = kRowsOffset + kStages * 2 * kM * 4;
-  static constexpr int kBarriers = backward_barriers(kStages, kDqBuffers);
+  static constexpr int kBarriers = backward_barriers(kStages, kDqBuffers, kDoApart);
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
   static_assert(kSmemBytes == backward_smem_bytes(kD), "the host reads the same size");
   // 40 / 232 as in the narrow kernel: the dQ reduce thread, with a buffer per round, spills in 24.
@@ -64,7 +66,7 @@ struct WideBackwardConsumer {
   const Sequence& seq;
   int b, hk;
   uint32_t smem;
-  BackwardBarriers<C::kStages> bars;
+  BackwardBarriers<C> bars;
   int wg;  // consumer index: queries [32 wg, +32) of S^T, columns [128 wg, +128) of dK, dV, dQ
   float dk[kCols / 8][4], dv[kCols / 8][4];
 
@@ -107,6 +109,7 @@ struct WideBackwardConsumer {
       WgmmaOp<T, kQueries>::template ss<0, 0>(flat<kQueries>(st), k_major_descriptor<KTile>(k_tile(), 0, kk),
                                               k_major_descriptor<QTile>(q_tile(), kQueries * wg, kk), kk > 0);
     wgmma_commit();
+    mbarrier_wait(bars.do_full(0), uint32_t(s) & 1u);  // dO may land after Q: S^T runs meanwhile
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk)
       WgmmaOp<T, kQueries>::template ss<0, 0>(flat<kQueries>(dpt), k_major_descriptor<KTile>(v_tile(), 0, kk),
@@ -129,21 +132,25 @@ struct WideBackwardConsumer {
     fence_async_shared();
     named_barrier_sync(kWideTilesWritten, 256);
 
-    // dV += P^T dO and dK += dS^T Q for this consumer's columns; then Q and dO are free.
+    // dK += dS^T Q, then dV += P^T dO, for this consumer's columns: Q (with the rows) is handed
+    // back first, which the next step's S^T needs first.
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kM / 16; ++kk)
-      WgmmaOp<T, kCols>::template ss<0, 1>(flat<kCols>(dv), k_major_descriptor<PTile>(p_tile(), 0, kk),
-                                           n_major_descriptor<QTile>(do_tile(), kk, kCols * wg), 1);
 #pragma unroll
     for (int kk = 0; kk < kM / 16; ++kk)
       WgmmaOp<T, kCols>::template ss<0, 1>(flat<kCols>(dk), k_major_descriptor<PTile>(ds_tile(), 0, kk),
                                            n_major_descriptor<QTile>(q_tile(), kk, kCols * wg), 1);
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_registers(flat<kCols>(dv));
+#pragma unroll
+    for (int kk = 0; kk < kM / 16; ++kk)
+      WgmmaOp<T, kCols>::template ss<0, 1>(flat<kCols>(dv), k_major_descriptor<PTile>(p_tile(), 0, kk),
+                                           n_major_descriptor<QTile>(do_tile(), kk, kCols * wg), 1);
+    wgmma_commit();
+    wgmma_wait<1>();
     fence_registers(flat<kCols>(dk));
     mbarrier_arrive(bars.empty(0));  // every consumer thread (it also read the step's rows)
+    wgmma_wait<0>();
+    fence_registers(flat<kCols>(dv));
+    mbarrier_arrive(bars.do_empty(0));
 
     // dQ = dS K for this consumer's columns, a 64-column round at a time.
 #pragma unroll 1
