@@ -146,7 +146,8 @@ constexpr int backward_barriers(int stages, int dq_buffers, bool do_apart) {
 // slack for the alignment of the tiles.
 constexpr int backward_smem_bytes(int head_dim, bool general = false) {
   const BackwardShape s = backward_shape(head_dim, general);
-  const int buffers = backward_dq_buffers(head_dim), barriers = backward_barriers(s.stages, buffers, backward_do_apart(head_dim));
+  const int buffers = backward_dq_buffers(head_dim);
+  const int barriers = backward_barriers(s.stages, buffers, backward_do_apart(head_dim));
   return 2 * head_dim * (2 * s.block_n + 2 * s.stages * s.block_m) + 2 * 2 * s.block_n * s.block_m +
          2 * buffers * 4 * backward_dq_cols(head_dim, general) * 64 + 2 * 4 * s.block_m * s.stages + 8 * barriers +
          1024;
