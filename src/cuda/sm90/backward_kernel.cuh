@@ -95,6 +95,8 @@ constexpr int kTurnBarrier = 5;
 template <typename C>
 struct BackwardBarriers {
   static constexpr int kStages = C::kStages, kDqBuffers = C::kDqBuffers;
+  static_assert(C::kBarriers == 1 + 2 * kStages + 4 * kDqBuffers + (C::kDoApart ? 2 * kStages : 0),
+                "the layout below fills the config's barriers");
   uint32_t base;
   __device__ uint32_t kv_full() const { return base; }  // K and V, loaded once
   // Q, the rows (a warp) and, unless C::kDoApart, dO.
