@@ -110,6 +110,7 @@ struct WideBackwardConsumer {
                                               k_major_descriptor<QTile>(q_tile(), kQueries * wg, kk), kk > 0);
     wgmma_commit();
     mbarrier_wait(bars.do_full(0), uint32_t(s) & 1u);  // dO may land after Q: S^T runs meanwhile
+    wgmma_fence();  // after the wait's loop, before dP^T's products
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk)
       WgmmaOp<T, kQueries>::template ss<0, 0>(flat<kQueries>(dpt), k_major_descriptor<KTile>(v_tile(), 0, kk),
