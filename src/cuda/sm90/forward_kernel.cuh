@@ -479,6 +479,7 @@ struct Consumer {
     wgmma_fence();
     issue_scores(s, k_slot.stage);
     mbarrier_wait(bars.v_full(v_slot.stage), v_slot.parity);
+    wgmma_fence();  // after the wait's loop, before P V's products
     issue_output(pa, v_slot.stage);
     pass_turn();
     wgmma_wait<1>();
