@@ -95,8 +95,9 @@ TEST(TileShape, Sm90KernelsFitSharedMemory) {
 }
 
 // Deterministic mode keeps one turn per (query tile, consumer), backward_dq_turn (the sm80
-// backward uses consumer 0's): no two tiles of a call may share it, and it stays inside the backward_dq_turns ints the host allocates, for dense and
-// varlen batches (empty sequences and lengths that are not multiples of the tile included).
+// backward uses consumer 0's): no two tiles of a call may share it, and it stays inside the
+// backward_dq_turns ints the host allocates, for dense and varlen batches (empty sequences and
+// lengths that are not multiples of the tile included).
 TEST(BackwardDqTurns, EveryTileHasATurnOfItsOwn) {
   const std::vector<std::vector<int64_t>> batches = {{1}, {64}, {65, 1, 127}, {0, 300, 0, 64, 1000}, {129, 129}};
   for (const int block_m : {64, 128})

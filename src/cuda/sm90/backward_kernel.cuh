@@ -106,8 +106,14 @@ struct BackwardBarriers {
   __device__ uint32_t dq_full(int wg, int buf = 0) const { return base + 8 * (1 + 2 * kStages + 4 * buf + wg); }
   __device__ uint32_t dq_empty(int wg, int buf = 0) const { return base + 8 * (3 + 2 * kStages + 4 * buf + wg); }
   // C::kDoApart: dO of stage s, so that S^T = K Q^T can start while dO lands.
-  __device__ uint32_t do_full(int s) const { return base + 8 * (1 + 2 * kStages + 4 * kDqBuffers + s); }
-  __device__ uint32_t do_empty(int s) const { return base + 8 * (1 + 3 * kStages + 4 * kDqBuffers + s); }
+  __device__ uint32_t do_full(int s) const {
+    static_assert(C::kDoApart, "dO shares Q's barriers in this kernel");
+    return base + 8 * (1 + 2 * kStages + 4 * kDqBuffers + s);
+  }
+  __device__ uint32_t do_empty(int s) const {
+    static_assert(C::kDoApart, "dO shares Q's barriers in this kernel");
+    return base + 8 * (1 + 3 * kStages + 4 * kDqBuffers + s);
+  }
 };
 
 // Consumer wg's dQ buffer `buf`, of C::DqTile.
