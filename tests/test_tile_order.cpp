@@ -133,12 +133,13 @@ TEST(BackwardLaunchOrder, DeterministicBlocksWaitOnlyForBlocksLaunchedBefore) {
     unsigned x, y, z;
   };
   struct Params {
-    int deterministic, window_left, window_right;
+    int deterministic, window_left, window_right, heads_kv;
   };
   for (const int key_blocks : {1, 2, 7})
-    for (const int heads_kv : {1, 3})
-      for (const int batch : {1, 2})
-        for (const Params p : {Params{0, -1, -1}, Params{0, -1, 0}, Params{1, -1, -1}, Params{1, -1, 0}, Params{1, 40, 3}}) {
+    for (const int heads_kv : {1, 3, 8})
+      for (const int batch : {1, 2, 4})
+        for (Params p : {Params{0, -1, -1}, Params{0, -1, 0}, Params{1, -1, -1}, Params{1, -1, 0}, Params{1, 40, 3}}) {
+          p.heads_kv = heads_kv;
           const bool pairs = backward_pairs_innermost(p.deterministic, p.window_left, p.window_right);
           EXPECT_EQ(pairs, p.deterministic && p.window_left < 0 && p.window_right < 0);
           const BackwardGrid g = backward_grid(key_blocks, heads_kv, batch, pairs);
@@ -168,10 +169,12 @@ TEST(BackwardLaunchOrder, DeterministicBlocksWaitOnlyForBlocksLaunchedBefore) {
                 EXPECT_LT(first, second) << what;  // the heaviest causal key blocks first
               }
             }
-          // Pairs innermost: the first heads_kv * batch blocks are every pair's last key block.
+          // Pairs innermost: each group of pairs launches every pair's last key block first.
           if (pairs) {
+            const int group = flashattn::cuda::backward_pair_group(heads_kv * batch);
+            ASSERT_EQ(heads_kv * batch % group, 0) << what;
             for (size_t pair = 0; pair < size_t(heads_kv) * batch; ++pair)
-              EXPECT_LT(launched[pair * key_blocks + key_blocks - 1], int64_t(heads_kv) * batch) << what;
+              EXPECT_LT(launched[pair * key_blocks + key_blocks - 1] % (int64_t(group) * key_blocks), group) << what;
           }
         }
 }

@@ -201,7 +201,8 @@ TEST_F(CudaAttentionRuns, BackwardFitsAHundredKilobytesUpToHeadDim128) {
 // keys: even and odd key blocks add to their own dq_accum copies; with and without softcap, whose
 // kernel takes 64-row steps), and with batch x kv heads past the number of multiprocessors (more
 // blocks than are resident at once: a block waits only for turns of blocks launched before it),
-// and with dropout.
+// with 64 (kv head, sequence) pairs (the sm80 kernel interleaves them in groups of 16), and with
+// dropout.
 TEST_F(CudaAttentionRuns, DeterministicBackwardIsBitIdentical) {
   std::vector<Case> cases = {dense_case(1, 2, 700, 128, true), dense_case(1, 2, 700, 64, true),
                              dense_case(2, 80, 300, 64, true)};
@@ -220,6 +221,7 @@ TEST_F(CudaAttentionRuns, DeterministicBackwardIsBitIdentical) {
   cases.push_back(chains);
   chains.softcap = 30;  // the score-transform kernel: 64-row steps, the same two chains
   cases.push_back(chains);
+  cases.push_back(dense_case(4, 16, 200, 64, false));  // 64 pairs: groups of them interleave
   Case dropout = dense_case(2, 4, 600, 128, false);  // the dropout kernels, their draws shared
   dropout.heads_kv = 2;
   dropout.dropout_p = 0.2f;

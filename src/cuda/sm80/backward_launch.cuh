@@ -24,10 +24,11 @@ Status launch_backward_main(const KernelParams& p, cudaStream_t stream) {
   const int n_blocks = (p.seqlen_k + C::kN - 1) / C::kN;
   // The grid's order: backward_order.h.
   const bool pairs_innermost = backward_pairs_innermost(p.deterministic, p.window_left, p.window_right);
-  if (pairs_innermost && n_blocks > 65535)
-    return make_status(FLASHATTN_ERROR_UNSUPPORTED, "deterministic backward: seqlen_k = ", p.seqlen_k, " gives ",
-                       n_blocks, " blocks of ", C::kN, " keys, past a grid's 65535");
   const BackwardGrid g = backward_grid(n_blocks, p.heads_kv, p.batch, pairs_innermost);
+  if (g.y > 65535 || g.z > 65535)
+    return make_status(FLASHATTN_ERROR_UNSUPPORTED, "backward: seqlen_k = ", p.seqlen_k, ", batch = ", p.batch,
+                       " and heads_kv = ", p.heads_kv, " give a grid of ", g.x, " x ", g.y, " x ", g.z,
+                       ", past 65535 in y or z");
   const dim3 grid(g.x, g.y, g.z);
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
   return device_status(cudaGetLastError(), "backward_kernel launch");
