@@ -7,7 +7,7 @@ backward kernel (--pass) instead, writes Nsight Compute's per-instruction table 
 DIR/<pass>_<sm90|sm80>_d<d>_n<n>.csv and prints the instructions where the warps stall most,
 with their reasons. With --kernel-times it prints each call's kernels as torch.profiler times them.
 
-  python3 bench/profile_cuda.py --library build/libflashattn.so --d 64 --n 4096 [--causal] --ncu
+  python3 bench/profile_cuda.py --library build/libflashattn.so --d 64 --n 4096 [--causal] [--deterministic] --ncu
   python3 bench/profile_cuda.py --library build/libflashattn.so --d 128 --n 1024 --sass out --pass forward
   python3 bench/profile_cuda.py --library build/libflashattn.so --d 128 --n 2048 --reference cudnn --kernel-times
 
@@ -34,6 +34,10 @@ METRICS = [
     "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum",
     "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum",
     "l1tex__throughput.avg.pct_of_peak_sustained_active",
+    "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+    "lts__t_sector_hit_rate.pct",
+    "lts__t_sectors_op_red.sum",
+    "dram__bytes_read.sum",
 ] + [f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio" for r in (
     "barrier", "long_scoreboard", "short_scoreboard", "mio_throttle", "math_pipe_throttle", "wait",
     "not_selected", "dispatch_stall", "lg_throttle", "membar", "branch_resolving", "no_instruction")]
@@ -58,6 +62,9 @@ def shape_calls(args):
     lse = torch.empty((b, h, args.n), device="cuda", dtype=torch.float32)
     calls = [("ours forward", fa.forward_call(q, k, v, out, lse, args.causal)),
              ("ours backward", fa.backward_call(dout, q, k, v, out, lse, dq, dk, dv, args.causal, False))]
+    if args.deterministic:
+        calls.append(("ours deterministic backward",
+                      fa.backward_call(dout, q, k, v, out, lse, dq, dk, dv, args.causal, True)))
     backends = {"flash": [SDPBackend.FLASH_ATTENTION], "cudnn": [SDPBackend.CUDNN_ATTENTION],
                 "both": [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION]}[args.reference]
     for backend in backends:
@@ -117,7 +124,7 @@ def shape_command(args):
     """This script, run on the same shape and library: what ncu profiles."""
     return ([sys.executable, os.path.abspath(__file__), "--library", args.library, "--d", str(args.d), "--n",
              str(args.n), "--reference", args.reference, "--dropout", str(args.dropout)]
-            + (["--causal"] if args.causal else []))
+            + (["--causal"] if args.causal else []) + (["--deterministic"] if args.deterministic else []))
 
 
 def profile(args):
@@ -179,6 +186,7 @@ def main():
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--n", type=int, default=4096)
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--deterministic", action="store_true", help="our deterministic backward too")
     ap.add_argument("--dropout", type=float, default=0.0, metavar="P", help="dropout probability (default 0)")
     ap.add_argument("--reference", choices=["flash", "cudnn", "both"], default="flash",
                     help="PyTorch SDPA backend(s) profiled beside ours")
