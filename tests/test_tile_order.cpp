@@ -177,6 +177,10 @@ TEST(BackwardLaunchOrder, DeterministicBlocksWaitOnlyForBlocksLaunchedBefore) {
               EXPECT_LT(launched[pair * key_blocks + key_blocks - 1] % (int64_t(group) * key_blocks), group) << what;
           }
         }
+  // More groups than a grid's z holds: the pairs go ungrouped, all in x.
+  const BackwardGrid huge = backward_grid(3, 64, 65535, true);
+  EXPECT_LE(huge.z, 65535u);
+  EXPECT_EQ(uint64_t(huge.x) * huge.y * huge.z, uint64_t(3) * 64 * 65535);
 }
 
 }  // namespace

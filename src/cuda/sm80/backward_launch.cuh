@@ -24,6 +24,9 @@ Status launch_backward_main(const KernelParams& p, cudaStream_t stream) {
   const int n_blocks = (p.seqlen_k + C::kN - 1) / C::kN;
   // The grid's order: backward_order.h.
   const bool pairs_innermost = backward_pairs_innermost(p.deterministic, p.window_left, p.window_right);
+  if (pairs_innermost && int64_t(p.heads_kv) * p.batch > INT32_MAX)
+    return make_status(FLASHATTN_ERROR_UNSUPPORTED, "deterministic backward: batch = ", p.batch, " x heads_kv = ",
+                       p.heads_kv, " exceeds 2^31 - 1 (kv head, sequence) pairs");
   const BackwardGrid g = backward_grid(n_blocks, p.heads_kv, p.batch, pairs_innermost);
   if (g.y > 65535 || g.z > 65535)
     return make_status(FLASHATTN_ERROR_UNSUPPORTED, "backward: seqlen_k = ", p.seqlen_k, ", batch = ", p.batch,

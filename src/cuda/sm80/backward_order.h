@@ -28,19 +28,23 @@ FA_HD constexpr bool backward_pairs_innermost(int deterministic, int window_left
 }
 
 // Pairs innermost: the pairs interleave in groups of kBackwardPairGroup where that divides their
-// number, else all of them. With every pair interleaved, d = 256 at N = 1k (128 pairs) kept 0.85 of
-// the default backward's speed (the resident blocks read all pairs' Q and dO, presumably past L2);
-// groups of 16 or 32 gave 0.96 and changed no other row by more than 1%.
+// number (and the groups fit a grid's 65535 in z), else all of them. With every pair interleaved,
+// d = 256 at N = 1k (128 pairs) kept 0.85 of the default backward's speed (the resident blocks read
+// all pairs' Q and dO, presumably past L2); groups of 16 or 32 gave 0.96 and changed no other row
+// by more than 1%.
 inline constexpr int kBackwardPairGroup = 16;
 FA_HD constexpr int backward_pair_group(int pairs) {
-  return kBackwardPairGroup < pairs && pairs % kBackwardPairGroup == 0 ? kBackwardPairGroup : pairs;
+  const bool grouped =
+      kBackwardPairGroup < pairs && pairs % kBackwardPairGroup == 0 && pairs / kBackwardPairGroup <= 65535;
+  return grouped ? kBackwardPairGroup : pairs;
 }
 
-// Pairs innermost: (pairs of a group, key blocks, groups); else (key blocks, kv heads, batch).
+// Pairs innermost: (pairs of a group, key blocks, groups), for fewer than 2^31 pairs (the launch
+// refuses more); else (key blocks, kv heads, batch).
 constexpr BackwardGrid backward_grid(int key_blocks, int heads_kv, int batch, bool pairs_innermost) {
-  const int group = backward_pair_group(heads_kv * batch);
-  return pairs_innermost ? BackwardGrid{unsigned(group), unsigned(key_blocks), unsigned(heads_kv * batch / group)}
-                         : BackwardGrid{unsigned(key_blocks), unsigned(heads_kv), unsigned(batch)};
+  if (!pairs_innermost) return {unsigned(key_blocks), unsigned(heads_kv), unsigned(batch)};
+  const int pairs = heads_kv * batch, group = backward_pair_group(pairs);
+  return {unsigned(group), unsigned(key_blocks), unsigned(pairs / group)};
 }
 
 // The key block, kv head and sequence of a block: `block` and `grid` are blockIdx and gridDim in
