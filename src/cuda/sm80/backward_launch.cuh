@@ -27,11 +27,12 @@ Status launch_backward_main(const KernelParams& p, cudaStream_t stream) {
   if (pairs_innermost && int64_t(p.heads_kv) * p.batch > INT32_MAX)
     return make_status(FLASHATTN_ERROR_UNSUPPORTED, "deterministic backward: batch = ", p.batch, " x heads_kv = ",
                        p.heads_kv, " exceeds 2^31 - 1 (kv head, sequence) pairs");
+  // Pairs innermost put the key blocks in y (backward_pair_group keeps z within 65535; batch and
+  // heads are within it by supports()).
+  if (pairs_innermost && n_blocks > 65535)
+    return make_status(FLASHATTN_ERROR_UNSUPPORTED, "deterministic backward: seqlen_k = ", p.seqlen_k, " gives ",
+                       n_blocks, " blocks of ", C::kN, " keys, past a grid's 65535");
   const BackwardGrid g = backward_grid(n_blocks, p.heads_kv, p.batch, pairs_innermost);
-  if (g.y > 65535 || g.z > 65535)
-    return make_status(FLASHATTN_ERROR_UNSUPPORTED, "backward: seqlen_k = ", p.seqlen_k, ", batch = ", p.batch,
-                       " and heads_kv = ", p.heads_kv, " give a grid of ", g.x, " x ", g.y, " x ", g.z,
-                       ", past 65535 in y or z");
   const dim3 grid(g.x, g.y, g.z);
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
   return device_status(cudaGetLastError(), "backward_kernel launch");
