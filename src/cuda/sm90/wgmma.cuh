@@ -12,7 +12,9 @@ namespace flashattn::cuda::sm90 {
 
 // Matrix descriptor of a 128-byte swizzled operand at shared address `addr` (bits 0-13: address
 // / 16, 16-29: leading byte offset, 32-45: stride byte offset, 62-63: layout 1 = 128-byte swizzle).
-// Shared addresses are below 256 KB, so addr / 16 fits its 14 bits.
+// A plain launch's shared addresses are below 256 KB, so addr / 16 fits its 14 bits. A cluster
+// launch's carry the block's rank from bit 24 on, which would spill into the leading offset: a
+// kernel launched in clusters must pass the low 18 bits only.
 __device__ __forceinline__ uint64_t swizzled_descriptor(uint32_t addr, uint32_t leading_bytes, uint32_t stride_bytes) {
   const uint32_t low = (addr >> 4) | ((leading_bytes >> 4) << 16);
   const uint32_t high = (stride_bytes >> 4) | (1u << 30);
