@@ -234,6 +234,8 @@ def main():
     ap.add_argument("--ours-only", action="store_true",
                     help="skip PyTorch's SDPA and the sm80 kernels (to compare builds, or det/default)")
     ap.add_argument("--head-dims", default="64,128,256", help="comma-separated head dims (default 64,128,256)")
+    ap.add_argument("--masks", choices=("both", "causal", "none"), default="both",
+                    help="rows with a causal mask, without, or both (default)")
     ap.add_argument("--long", action="store_true",
                     help="long-context rows instead: B=1, H=16, d=128, causal, N = 64k, 128k, 256k")
     ap.add_argument("--dropout", type=float, default=0.0, metavar="P",
@@ -250,7 +252,8 @@ def main():
     lengths = [1024, 4096, 16384] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
     if args.seqlens:
         lengths = [int(n) for n in args.seqlens.split(",")]
-    shapes = [(16384 // n, 2048 // d, n, d, causal) for d in map(int, args.head_dims.split(",")) for n in lengths for causal in (False, True)]
+    shapes = [(16384 // n, 2048 // d, n, d, causal) for d in map(int, args.head_dims.split(",")) for n in lengths
+              for causal in {"both": (False, True), "causal": (True,), "none": (False,)}[args.masks]]
     if args.long:
         shapes = [(1, 16, n, 128, True) for n in (65536, 131072, 262144)]
     rows, records = [], []
