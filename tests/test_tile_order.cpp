@@ -31,30 +31,67 @@ using flashattn::cuda::sm90::forward_tall;
 using flashattn::cuda::sm90::forward_tall_possible;
 using flashattn::cuda::sm90::forward_tile_at;
 
-TEST(ForwardTileOrder, VisitsEveryTileOnceHeadMajorLongestFirst) {
-  for (const auto& [batch, heads, m_blocks, splits] :
-       {std::tuple{1, 1, 1, 1}, std::tuple{3, 5, 7, 1}, std::tuple{2, 3, 4, 3}, std::tuple{4, 1, 9, 2}}) {
+TEST(ForwardTileOrder, VisitsEveryTileOnceInHeadGroupsLongestFirst) {
+  for (const auto& [batch, heads, m_blocks, splits, group] :
+       {std::tuple{1, 1, 1, 1, 1}, std::tuple{3, 5, 7, 1, 1}, std::tuple{2, 3, 4, 3, 1}, std::tuple{4, 1, 9, 2, 1},
+        std::tuple{3, 5, 7, 1, 4}, std::tuple{2, 3, 4, 3, 6}, std::tuple{4, 1, 9, 2, 3}, std::tuple{1, 7, 5, 1, 16}}) {
+    const int all_heads = batch * heads;
     std::set<std::tuple<int, int, int, int>> seen;
-    int previous_head = 0, previous_m = m_blocks;
-    for (int index = 0; index < batch * heads * m_blocks * splits; ++index) {
-      const auto c = forward_tile_at(index, heads, m_blocks, splits);
+    int previous_group = 0, previous_m = m_blocks - 1;
+    for (int index = 0; index < all_heads * m_blocks * splits; ++index) {
+      const auto c = forward_tile_at(index, heads, all_heads, m_blocks, splits, group);
       ASSERT_TRUE(c.b >= 0 && c.b < batch && c.h >= 0 && c.h < heads && c.m_block >= 0 && c.m_block < m_blocks &&
                   c.split >= 0 && c.split < splits)
           << "index " << index;
       EXPECT_TRUE(seen.insert({c.b, c.h, c.m_block, c.split}).second) << "index " << index << " repeats a tile";
-      const int head = c.b * heads + c.h;
-      EXPECT_GE(head, previous_head) << "index " << index << ": heads out of order";
-      if (head == previous_head && c.split == 0) {
-        EXPECT_LT(c.m_block, previous_m) << "index " << index;
+      const int head_group = (c.b * heads + c.h) / group;
+      EXPECT_GE(head_group, previous_group) << "index " << index << ": head groups out of order";
+      if (head_group == previous_group) {
+        EXPECT_LE(c.m_block, previous_m) << "index " << index << ": not longest first within the group";
+      } else {
+        EXPECT_EQ(c.m_block, m_blocks - 1) << "index " << index << ": a group not starting with its longest tiles";
       }
-      if (head != previous_head) {
-        EXPECT_EQ(c.m_block, m_blocks - 1) << "index " << index << ": not longest first";
-      }
-      previous_head = head;
+      previous_group = head_group;
       previous_m = c.m_block;
     }
-    EXPECT_EQ(int(seen.size()), batch * heads * m_blocks * splits);
+    EXPECT_EQ(int(seen.size()), all_heads * m_blocks * splits);
   }
+}
+
+// The longest tiles of a group's heads come before any shorter tile of the group.
+TEST(ForwardTileOrder, InterleavesTheHeadsOfAGroup) {
+  const int heads = 6, m_blocks = 3, group = 4;  // groups of 4 and 2 heads
+  std::vector<std::pair<int, int>> order;  // (head, m_block)
+  for (int index = 0; index < heads * m_blocks; ++index) {
+    const auto c = forward_tile_at(index, heads, heads, m_blocks, 1, group);
+    order.push_back({c.h, c.m_block});
+  }
+  const std::vector<std::pair<int, int>> expected = {{0, 2}, {1, 2}, {2, 2}, {3, 2}, {0, 1}, {1, 1}, {2, 1}, {3, 1},
+                                                     {0, 0}, {1, 0}, {2, 0}, {3, 0}, {4, 2}, {5, 2}, {4, 1}, {5, 1},
+                                                     {4, 0}, {5, 0}};
+  EXPECT_EQ(order, expected);
+}
+
+// Causal-like masks only, with a group's working set within its share of L2 (16 MiB).
+TEST(HeadGroups, ForwardGroupsHeadsUnderACausalMaskOnly) {
+  using flashattn::cuda::sm90::forward_head_group;
+  EXPECT_EQ(forward_head_group(16, 16, 1, 2048, 128, 2, -1, -1), 1);  // no mask
+  EXPECT_EQ(forward_head_group(16, 16, 1, 2048, 128, 2, 256, 0), 1);  // sliding window
+  EXPECT_EQ(forward_head_group(8, 16, 1, 2048, 128, 2, -1, 0), 16);   // 1 MiB of K and V per head
+  EXPECT_EQ(forward_head_group(8, 16, 4, 2048, 128, 2, -1, 0), 64);   // GQA: a kv head serves 4
+  EXPECT_EQ(forward_head_group(1, 16, 1, 65536, 128, 2, -1, 0), 1);   // 32 MiB per head
+  EXPECT_EQ(forward_head_group(2, 3, 1, 128, 64, 2, -1, 0), 6);       // at most every head
+  EXPECT_EQ(forward_head_group(1, 6, 1, 8192, 128, 2, -1, 0), 4);     // the GPU test's partial group
+}
+
+TEST(HeadGroups, BackwardCountsKeysQueriesAndDqSums) {
+  using flashattn::cuda::sm90::backward_head_group;
+  EXPECT_EQ(backward_head_group(8, 16, 1, 2048, 2048, 128, 2, -1, -1), 1);  // no mask
+  EXPECT_EQ(backward_head_group(8, 16, 1, 2048, 2048, 128, 2, 512, 0), 1);  // sliding window
+  EXPECT_EQ(backward_head_group(8, 16, 1, 2048, 2048, 128, 2, -1, 0), 5);   // 1 + 2 MiB per kv head
+  EXPECT_EQ(backward_head_group(8, 4, 4, 2048, 2048, 128, 2, -1, 0), 1);    // 1 + 8 MiB: its 4 query heads
+  EXPECT_EQ(backward_head_group(1, 8, 1, 300, 4096, 128, 2, -1, 0), 6);     // the GPU tests' groups
+  EXPECT_EQ(backward_head_group(1, 5, 1, 300, 4096, 256, 2, -1, 0), 3);
 }
 
 // Tall tiles (three consumers, 192 rows) only at d <= 64, and only where they compute at most 4%

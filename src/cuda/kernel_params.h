@@ -37,6 +37,9 @@ struct KernelParams {
   // The persistent sm90 forward: tiles handed out so far past the grid's first ones (zeroed
   // before each launch).
   int* tile_counter = nullptr;
+  // The sm90 launch order under causal-like masks: heads whose query tiles (forward) or key
+  // blocks (default backward) interleave (forward_head_group, backward_head_group).
+  int head_group = 1;
 
   // Backward workspace.
   float* delta = nullptr;     // [heads_q][rows_q]: rowsum(dO * O)

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/device.h"
@@ -99,6 +100,39 @@ TEST_F(CudaAttentionRuns, ForwardWithoutKeySplitMatchesOracle) {
     GpuCase g(c);
     ASSERT_EQ(g.forward(), FLASHATTN_SUCCESS) << flashattn_last_error();
     const Check check = forward_against_oracle(g.host);
+    EXPECT_TRUE(check.ok) << c.describe() << "\n" << check.message;
+  }
+}
+
+// Causal forwards whose tile order interleaves the heads of a group, the last group partial
+// (forward_tile_heads: 4 MiB of K and V per head at d = 128 and 8192 keys, so 6 heads in groups of
+// 4 and 2; 8 MiB at d = 256, so 5 heads in groups of 2, 2 and 1).
+TEST_F(CudaAttentionRuns, CausalForwardInHeadGroupsMatchesOracle) {
+  for (const auto& [heads, head_dim] : {std::pair{6, 128}, std::pair{5, 256}}) {
+    Case c = dense_case(1, heads, 300, head_dim, true);
+    c.seqlen_k = 8192;
+    GpuCase g(c);
+    std::string why;
+    if (unsupported(g, Pass::forward, &why)) GTEST_SKIP() << "unsupported by the cuda backend: " << why;
+    ASSERT_EQ(g.forward(), FLASHATTN_SUCCESS) << flashattn_last_error();
+    const Check check = forward_against_oracle(g.host);
+    EXPECT_TRUE(check.ok) << c.describe() << "\n" << check.message;
+  }
+}
+
+// Causal backwards whose key blocks launch interleaved across the kv heads of a group, the last
+// group partial (backward_head_group: about 2.3 MiB per head at d = 128, so 8 heads in groups of
+// 6 and 2; about 4.6 MiB at d = 256, so 5 heads in groups of 3 and 2).
+TEST_F(CudaAttentionRuns, CausalBackwardInHeadGroupsMatchesOracle) {
+  for (const auto& [heads, head_dim] : {std::pair{8, 128}, std::pair{5, 256}}) {
+    Case c = dense_case(1, heads, 300, head_dim, true);
+    c.seqlen_k = 4096;
+    GpuCase g(c);
+    std::string why;
+    if (unsupported(g, Pass::backward, &why)) GTEST_SKIP() << "unsupported by the cuda backend: " << why;
+    ASSERT_EQ(g.forward(), FLASHATTN_SUCCESS) << flashattn_last_error();
+    ASSERT_EQ(g.backward(), FLASHATTN_SUCCESS) << flashattn_last_error();
+    const Check check = backward_against_oracle(g.host);
     EXPECT_TRUE(check.ok) << c.describe() << "\n" << check.message;
   }
 }

@@ -270,11 +270,17 @@ __host__ __device__ inline bool backward_interleaves_heads(const KernelParams& p
   return p.deterministic && p.dq_copies == 1 && (unmasked ? n_blocks * kN <= 4096 : n_blocks <= 16);
 }
 
-// The grid of the backward: key blocks x kv heads x batch, or kv heads x key blocks x batch
-// (backward_interleaves_heads).
+// The grid of the backward: key blocks x kv heads x batch; kv heads x key blocks x batch
+// (backward_interleaves_heads); or, in the default mode under a causal-like mask, a group's
+// (batch, kv head) pairs x key blocks x groups (KernelParams::head_group): key block n of every
+// pair of a group launches before any key block n + 1, the heaviest first.
 template <int kN>
 inline dim3 backward_grid(const KernelParams& p) {
   const unsigned n_blocks = unsigned(backward_key_blocks<kN>(p));
+  if (p.head_group > 1) {
+    const int pairs = p.batch * p.heads_kv;
+    return dim3(unsigned(p.head_group), n_blocks, unsigned((pairs + p.head_group - 1) / p.head_group));
+  }
   return backward_interleaves_heads<kN>(p) ? dim3(unsigned(p.heads_kv), n_blocks, unsigned(p.batch))
                                            : dim3(n_blocks, unsigned(p.heads_kv), unsigned(p.batch));
 }
@@ -464,11 +470,20 @@ __device__ __forceinline__ void run_backward_block(const BackwardArgs& args) {
   const uint32_t smem = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
   // A block per key block of the longest sequence, kv head and batch (backward_grid); in
   // deterministic mode key blocks run in descending order (wait_for_turn).
-  const int b = blockIdx.z;
-  const bool interleaved = backward_interleaves_heads<C::kN>(p);
-  const int hk = interleaved ? int(blockIdx.x) : int(blockIdx.y);
-  const int n = interleaved ? int(gridDim.y - 1 - blockIdx.y)
-                : p.deterministic ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
+  int b = blockIdx.z, hk, n;
+  if (p.head_group > 1) {
+    const int pair = int(blockIdx.z) * p.head_group + int(blockIdx.x);
+    if (pair >= p.batch * p.heads_kv) return;  // the last group's spare blocks
+    b = pair / p.heads_kv;
+    hk = pair % p.heads_kv;
+    n = int(blockIdx.y);
+  } else {
+    const bool interleaved = backward_interleaves_heads<C::kN>(p);
+    hk = interleaved ? int(blockIdx.x) : int(blockIdx.y);
+    n = interleaved         ? int(gridDim.y - 1 - blockIdx.y)
+        : p.deterministic ? int(gridDim.x - 1 - blockIdx.x)
+                          : int(blockIdx.x);
+  }
   const Sequence seq = Sequence::of(p, b);
   if (n * C::kN >= seq.seqlen_k) return;
   const KeyBlockWork w = KeyBlockWork::of<C::kM, C::kN>(p, seq, hk, n);

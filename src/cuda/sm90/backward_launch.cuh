@@ -26,6 +26,9 @@ Status launch_backward_main(const KernelParams& p, cudaStream_t stream) {
   using C = std::conditional_t<backward_wide(kD), WideBackwardConfig<T, kD, kGeneral>, BackwardConfig<T, kD, kGeneral>>;
   BackwardArgs args;
   args.p = p;
+  if (!p.deterministic && backward_key_blocks<C::kN>(p) <= 65535)  // key blocks in the grid's y
+    args.p.head_group = backward_head_group(p.batch, p.heads_kv, p.group, p.seqlen_q, p.seqlen_k, kD, int(sizeof(T)),
+                                            p.window_left, p.window_right);
   constexpr bool kBf16 = std::is_same_v<T, bf16>;
   FA_TRY(make_operand_map(&args.q, p.q, p, Side::queries, kBf16, C::kM));
   FA_TRY(make_operand_map(&args.dout, p.dout, p, Side::queries, kBf16, C::kM));
@@ -35,7 +38,7 @@ Status launch_backward_main(const KernelParams& p, cudaStream_t stream) {
   const auto kernel = backward_kernel_for<T, kD, kGeneral>();
   FA_TRY(device_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes),
                        "cudaFuncSetAttribute(sm90 backward_kernel)"));
-  kernel<<<backward_grid<C::kN>(p), C::kThreads, C::kSmemBytes, stream>>>(args);
+  kernel<<<backward_grid<C::kN>(args.p), C::kThreads, C::kSmemBytes, stream>>>(args);
   return device_status(cudaGetLastError(), "sm90 backward_kernel launch");
 }
 

@@ -112,7 +112,8 @@ struct TileOrder {
     return {m_blocks, p.num_splits, p.batch * p.heads_q * m_blocks * p.num_splits};
   }
   __device__ ForwardTile tile(const KernelParams& p, int index, int block_m) const {
-    const ForwardTileCoordinates c = forward_tile_at(index, p.heads_q, m_blocks, splits);
+    const ForwardTileCoordinates c =
+        forward_tile_at(index, p.heads_q, p.batch * p.heads_q, m_blocks, splits, p.head_group);
     ForwardTile t;
     t.b = c.b;
     t.h = c.h;
