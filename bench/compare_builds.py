@@ -1,7 +1,7 @@
 """Benchmarks several builds of flashattn in one run on one GPU, side by side.
 
     python bench/compare_builds.py OUT SOURCE [SOURCE ...] [--head-dims 64,128] [--full | --seqlens N,...]
-        [--forward-only] [--no-sm80] [--rounds R] [--tests | --check] [--check-first]
+        [--forward-only] [--no-sm80] [--masks causal|none] [--rounds R] [--tests | --check] [--check-first]
 
 Each SOURCE is a source tree (a folder with CMakeLists.txt) or a git ref of this repository,
 exported with `git archive` (this checkout's third_party linked in: GoogleTest's source for the
@@ -13,7 +13,7 @@ builds' checks side by side, before the benchmarks, and a line per build says ho
 went). The first SOURCE is the reference the others are measured against, as a rule the landed
 code, which passed its checks when it landed: --tests and --check leave it out unless
 --check-first. Then the builds are measured one after the other with bench/bench_cuda.py
-(--quick unless --full or --seqlens; --forward-only and --no-sm80 passed on). --rounds R
+(--quick unless --full or --seqlens; --forward-only, --no-sm80 and --masks passed on). --rounds R
 measures them R times, round after round (A B A B rather than A A B B, so that a drift of the
 machine's clocks falls on every build alike). The tables land in OUT/<name>/bench-<round>.md and
 a side-by-side table of the forward, backward and deterministic backward of every build,
@@ -151,6 +151,8 @@ def main():
     ap.add_argument("--seqlens", help="comma-separated N for bench_cuda.py instead of --quick")
     ap.add_argument("--forward-only", action="store_true", help="skip the backward measurements")
     ap.add_argument("--no-sm80", action="store_true", help="skip the mma.sync kernels' measurements")
+    ap.add_argument("--masks", choices=("both", "causal", "none"), default="both",
+                    help="rows with a causal mask, without, or both (default)")
     ap.add_argument("--rounds", type=int, default=1, help="measure every build this many times, interleaved")
     ap.add_argument("--tests", action="store_true",
                     help="build each source's CUDA test binary too (the first's with --check-first)")
@@ -188,6 +190,7 @@ def main():
     elif not args.full:
         bench_options.append("--quick")
     bench_options += [flag for flag, on in (("--forward-only", args.forward_only), ("--no-sm80", args.no_sm80)) if on]
+    bench_options += ["--masks", args.masks]
     runs = {name: [] for (name, _), ok in zip(trees, built) if ok}  # name -> [{(d, n, causal): row}] per round
     for (name, _), ok in zip(trees, built):
         if not ok:
