@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -104,13 +105,15 @@ TEST_F(CudaAttentionRuns, ForwardWithoutKeySplitMatchesOracle) {
   }
 }
 
-// Causal forwards whose tile order interleaves the heads of a group, the last group partial
-// (forward_tile_heads: 4 MiB of K and V per head at d = 128 and 8192 keys, so 6 heads in groups of
-// 4 and 2; 8 MiB at d = 256, so 5 heads in groups of 2, 2 and 1).
+// Causal calls whose launch order interleaves the heads of a group, the last group partial
+// (tile_shapes.h: the group's K and V, and in the backward Q, dO and dQ sums, within 32 MiB). One
+// query row keeps the float64 oracle cheap beside 8k and 16k keys.
+// Forward: 8 MiB of K and V per head at d = 128 and 16k keys, so 6 heads in groups of 4 and 2;
+// 16 MiB at d = 256, so 3 heads in groups of 2 and 1.
 TEST_F(CudaAttentionRuns, CausalForwardInHeadGroupsMatchesOracle) {
-  for (const auto& [heads, head_dim] : {std::pair{6, 128}, std::pair{5, 256}}) {
-    Case c = dense_case(1, heads, 300, head_dim, true);
-    c.seqlen_k = 8192;
+  for (const auto& [heads, head_dim] : {std::pair{6, 128}, std::pair{3, 256}}) {
+    Case c = dense_case(1, heads, 1, head_dim, true);
+    c.seqlen_k = 16384;
     GpuCase g(c);
     std::string why;
     if (unsupported(g, Pass::forward, &why)) GTEST_SKIP() << "unsupported by the cuda backend: " << why;
@@ -120,13 +123,12 @@ TEST_F(CudaAttentionRuns, CausalForwardInHeadGroupsMatchesOracle) {
   }
 }
 
-// Causal backwards whose key blocks launch interleaved across the kv heads of a group, the last
-// group partial (backward_head_group: about 2.3 MiB per head at d = 128, so 8 heads in groups of
-// 6 and 2; about 4.6 MiB at d = 256, so 5 heads in groups of 3 and 2).
+// Backward: about 8 MiB per kv head at d = 128 and 16k keys, so 5 heads in groups of 3 and 2;
+// at d = 256 and 8k keys, 4 heads in groups of 3 and 1.
 TEST_F(CudaAttentionRuns, CausalBackwardInHeadGroupsMatchesOracle) {
-  for (const auto& [heads, head_dim] : {std::pair{8, 128}, std::pair{5, 256}}) {
-    Case c = dense_case(1, heads, 300, head_dim, true);
-    c.seqlen_k = 4096;
+  for (const auto& [heads, head_dim, seqlen_k] : {std::tuple{5, 128, 16384}, std::tuple{4, 256, 8192}}) {
+    Case c = dense_case(1, heads, 1, head_dim, true);
+    c.seqlen_k = seqlen_k;
     GpuCase g(c);
     std::string why;
     if (unsupported(g, Pass::backward, &why)) GTEST_SKIP() << "unsupported by the cuda backend: " << why;

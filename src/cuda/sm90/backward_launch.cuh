@@ -27,7 +27,7 @@ Status launch_backward_main(const KernelParams& p, cudaStream_t stream) {
   BackwardArgs args;
   args.p = p;
   if (!p.deterministic && backward_key_blocks<C::kN>(p) <= 65535)  // key blocks in the grid's y
-    args.p.head_group = backward_head_group(p.batch, p.heads_kv, p.group, p.seqlen_q, p.seqlen_k, kD, int(sizeof(T)),
+    args.p.head_group = backward_head_group(p.batch, p.heads_kv, p.group, p.seqlen_q, p.seqlen_k, kD, int(sizeof(typename T::storage)),
                                             p.window_left, p.window_right);
   constexpr bool kBf16 = std::is_same_v<T, bf16>;
   FA_TRY(make_operand_map(&args.q, p.q, p, Side::queries, kBf16, C::kM));
