@@ -176,7 +176,8 @@ TEST(BackwardLaunchOrder, DeterministicBlocksWaitOnlyForBlocksLaunchedBefore) {
   for (const int key_blocks : {1, 2, 7})
     for (const int heads_kv : {1, 3, 8})
       for (const int batch : {1, 2, 4})
-        for (Params p : {Params{0, -1, -1}, Params{0, -1, 0}, Params{1, -1, -1}, Params{1, -1, 0}, Params{1, 40, 3}}) {
+        for (Params p :
+             {Params{0, -1, -1, 0}, Params{0, -1, 0, 0}, Params{1, -1, -1, 0}, Params{1, -1, 0, 0}, Params{1, 40, 3, 0}}) {
           p.heads_kv = heads_kv;
           const bool pairs = backward_pairs_innermost(p.deterministic, p.window_left, p.window_right);
           EXPECT_EQ(pairs, p.deterministic && p.window_left < 0 && p.window_right < 0);
