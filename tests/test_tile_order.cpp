@@ -75,24 +75,26 @@ TEST(ForwardTileOrder, InterleavesTheHeadsOfAGroup) {
 // Causal-like masks only, with a group's working set within its share of L2 (32 MiB).
 TEST(HeadGroups, ForwardGroupsHeadsUnderACausalMaskOnly) {
   using flashattn::cuda::sm90::forward_head_group;
-  EXPECT_EQ(forward_head_group(16, 16, 1, 2048, 128, 2, -1, -1), 1);   // no mask
-  EXPECT_EQ(forward_head_group(16, 16, 1, 2048, 128, 2, 256, 0), 1);   // sliding window
-  EXPECT_EQ(forward_head_group(8, 16, 1, 2048, 128, 2, -1, 0), 32);    // 1 MiB of K and V per head
-  EXPECT_EQ(forward_head_group(8, 16, 4, 2048, 128, 2, -1, 0), 128);   // GQA: a kv head serves 4
-  EXPECT_EQ(forward_head_group(1, 16, 1, 65536, 128, 2, -1, 0), 1);    // 32 MiB per head
-  EXPECT_EQ(forward_head_group(2, 3, 1, 128, 64, 2, -1, 0), 6);        // at most every head
-  EXPECT_EQ(forward_head_group(1, 6, 1, 16384, 128, 2, -1, 0), 4);     // the GPU test's groups
-  EXPECT_EQ(forward_head_group(1, 3, 1, 16384, 256, 2, -1, 0), 2);
+  EXPECT_EQ(forward_head_group(16, 16, 1, 2048, 128, -1, -1), 1);   // no mask
+  EXPECT_EQ(forward_head_group(16, 16, 1, 2048, 128, 256, 0), 1);   // sliding window
+  EXPECT_EQ(forward_head_group(8, 16, 1, 2048, 128, -1, 0), 32);    // 1 MiB of K and V per head
+  EXPECT_EQ(forward_head_group(8, 16, 4, 2048, 128, -1, 0), 128);   // GQA: a kv head serves 4
+  EXPECT_EQ(forward_head_group(1, 16, 1, 65536, 128, -1, 0), 1);    // 32 MiB per head
+  EXPECT_EQ(forward_head_group(2, 3, 1, 128, 64, -1, 0), 6);        // at most every head
+  EXPECT_EQ(forward_head_group(1, 6, 1, 16384, 128, -1, 0), 4);     // the GPU test's groups
+  EXPECT_EQ(forward_head_group(1, 3, 1, 16384, 256, -1, 0), 2);
+  EXPECT_EQ(forward_head_group(1, 4, 1, 1 << 30, 256, -1, 0), 1);      // 1 TiB per head, counted in 64 bits
 }
 
 TEST(HeadGroups, BackwardCountsKeysQueriesAndDqSums) {
   using flashattn::cuda::sm90::backward_head_group;
-  EXPECT_EQ(backward_head_group(8, 16, 1, 2048, 2048, 128, 2, -1, -1), 1);  // no mask
-  EXPECT_EQ(backward_head_group(8, 16, 1, 2048, 2048, 128, 2, 512, 0), 1);  // sliding window
-  EXPECT_EQ(backward_head_group(8, 16, 1, 2048, 2048, 128, 2, -1, 0), 10);  // 1 + 2 MiB per kv head
-  EXPECT_EQ(backward_head_group(8, 4, 4, 2048, 2048, 128, 2, -1, 0), 3);    // 1 + 8 MiB: its 4 query heads
-  EXPECT_EQ(backward_head_group(1, 5, 1, 1, 16384, 128, 2, -1, 0), 3);      // the GPU test's groups
-  EXPECT_EQ(backward_head_group(1, 4, 1, 1, 8192, 256, 2, -1, 0), 3);
+  EXPECT_EQ(backward_head_group(8, 16, 1, 2048, 2048, 128, -1, -1), 1);  // no mask
+  EXPECT_EQ(backward_head_group(8, 16, 1, 2048, 2048, 128, 512, 0), 1);  // sliding window
+  EXPECT_EQ(backward_head_group(8, 16, 1, 2048, 2048, 128, -1, 0), 10);  // 1 + 2 MiB per kv head
+  EXPECT_EQ(backward_head_group(8, 4, 4, 2048, 2048, 128, -1, 0), 3);    // 1 + 8 MiB: its 4 query heads
+  EXPECT_EQ(backward_head_group(1, 5, 1, 1, 16384, 128, -1, 0), 3);      // the GPU test's groups
+  EXPECT_EQ(backward_head_group(1, 4, 1, 1, 8192, 256, -1, 0), 3);
+  EXPECT_EQ(backward_head_group(1, 4, 1, 1 << 30, 1, 256, -1, 0), 1);    // 2 TiB of queries, in 64 bits
 }
 
 // Tall tiles (three consumers, 192 rows) only at d <= 64, and only where they compute at most 4%

@@ -17,8 +17,8 @@ Status launch_forward_shape(const KernelParams& p, cudaStream_t stream) {
   using C = ForwardConfig<T, kD, kTall>;
   ForwardArgs args;
   args.p = p;
-  args.p.head_group = forward_head_group(p.batch, p.heads_q, p.group, p.seqlen_k, kD,
-                                         int(sizeof(typename T::storage)), p.window_left, p.window_right);
+  args.p.head_group =
+      forward_head_group(p.batch, p.heads_q, p.group, p.seqlen_k, kD, p.window_left, p.window_right);
   constexpr bool kBf16 = std::is_same_v<T, bf16>;
   FA_TRY(make_operand_map(&args.q, p.q, p, Side::queries, kBf16, C::kM));
   FA_TRY(make_operand_map(&args.k, p.k, p, Side::keys, kBf16, C::kN));
