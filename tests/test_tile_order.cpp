@@ -3,6 +3,7 @@
 // the shared memory of the sm90 kernels' shapes; and the deterministic backward's turn per dQ tile.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <set>
 #include <string>
@@ -74,7 +75,7 @@ TEST(ForwardTileOrder, InterleavesTheHeadsOfAGroup) {
 
 // Causal-like masks only, with a group's working set within its share of L2 (32 MiB).
 TEST(HeadGroups, ForwardGroupsHeadsUnderACausalMaskOnly) {
-  using flashattn::cuda::sm90::forward_head_group;
+  using flashattn::cuda::forward_head_group;
   EXPECT_EQ(forward_head_group(16, 16, 1, 2048, 128, -1, -1), 1);   // no mask
   EXPECT_EQ(forward_head_group(16, 16, 1, 2048, 128, 256, 0), 1);   // sliding window
   EXPECT_EQ(forward_head_group(8, 16, 1, 2048, 128, -1, 0), 32);    // 1 MiB of K and V per head
@@ -87,7 +88,7 @@ TEST(HeadGroups, ForwardGroupsHeadsUnderACausalMaskOnly) {
 }
 
 TEST(HeadGroups, BackwardCountsKeysQueriesAndDqSums) {
-  using flashattn::cuda::sm90::backward_head_group;
+  using flashattn::cuda::backward_head_group;
   EXPECT_EQ(backward_head_group(8, 16, 1, 2048, 2048, 128, -1, -1), 1);  // no mask
   EXPECT_EQ(backward_head_group(8, 16, 1, 2048, 2048, 128, 512, 0), 1);  // sliding window
   EXPECT_EQ(backward_head_group(8, 16, 1, 2048, 2048, 128, -1, 0), 10);  // 1 + 2 MiB per kv head
@@ -167,24 +168,28 @@ TEST(BackwardDqTurns, EveryTileHasATurnOfItsOwn) {
 // The sm80 backward's grid runs every (key block, kv head, sequence) once, and in deterministic
 // mode launches key block n + 1 of a pair before key block n, whose adds to a dQ tile wait for
 // it (a block that waited for one launched after it could wait for a block that never becomes
-// resident); without a mask the pairs come innermost, with one the key blocks.
+// resident); without a mask the pairs come innermost, with one the key blocks. In groups of heads
+// (default mode, causal-like masks) key block n of every pair of a group comes before any n + 1.
 TEST(BackwardLaunchOrder, DeterministicBlocksWaitOnlyForBlocksLaunchedBefore) {
   struct Index {
     unsigned x, y, z;
   };
   struct Params {
-    int deterministic, window_left, window_right, heads_kv;
+    int deterministic, window_left, window_right, heads_kv, head_group;
   };
   for (const int key_blocks : {1, 2, 7})
     for (const int heads_kv : {1, 3, 8})
       for (const int batch : {1, 2, 4})
-        for (Params p :
-             {Params{0, -1, -1, 0}, Params{0, -1, 0, 0}, Params{1, -1, -1, 0}, Params{1, -1, 0, 0}, Params{1, 40, 3, 0}}) {
+        for (Params p : {Params{0, -1, -1, 0, 1}, Params{0, -1, 0, 0, 1}, Params{0, -1, 0, 0, 2},
+                         Params{0, -1, 0, 0, 5}, Params{1, -1, -1, 0, 1}, Params{1, -1, 0, 0, 1},
+                         Params{1, 40, 3, 0, 1}}) {
           p.heads_kv = heads_kv;
           const bool pairs = backward_pairs_innermost(p.deterministic, p.window_left, p.window_right);
           EXPECT_EQ(pairs, p.deterministic && p.window_left < 0 && p.window_right < 0);
-          const BackwardGrid g = backward_grid(key_blocks, heads_kv, batch, pairs);
-          ASSERT_EQ(int64_t(g.x) * g.y * g.z, int64_t(key_blocks) * heads_kv * batch);
+          const BackwardGrid g = backward_grid(key_blocks, heads_kv, batch, pairs, p.head_group);
+          const int pair_count = heads_kv * batch, spare = p.head_group > 1 ? g.x * g.z - pair_count : 0;
+          ASSERT_EQ(int64_t(g.x) * g.y * g.z, int64_t(key_blocks) * (pair_count + spare));
+          ASSERT_LT(spare, p.head_group);
           // launched[(b * heads_kv + hk) * key_blocks + n]: the block's place in launch order.
           std::vector<int64_t> launched(size_t(key_blocks) * heads_kv * batch, -1);
           int64_t order = 0;
@@ -192,6 +197,7 @@ TEST(BackwardLaunchOrder, DeterministicBlocksWaitOnlyForBlocksLaunchedBefore) {
             for (unsigned y = 0; y < g.y; ++y)
               for (unsigned x = 0; x < g.x; ++x, ++order) {
                 const BackwardBlock at = backward_block(Index{x, y, z}, Index{g.x, g.y, g.z}, p);
+                if (at.batch >= batch) continue;  // a spare block of the last head group: it exits
                 ASSERT_TRUE(at.key_block >= 0 && at.key_block < key_blocks && at.kv_head >= 0 &&
                             at.kv_head < heads_kv && at.batch >= 0 && at.batch < batch);
                 int64_t& slot = launched[(size_t(at.batch) * heads_kv + at.kv_head) * key_blocks + at.key_block];
@@ -200,7 +206,8 @@ TEST(BackwardLaunchOrder, DeterministicBlocksWaitOnlyForBlocksLaunchedBefore) {
               }
           const std::string what = "key blocks " + std::to_string(key_blocks) + ", kv heads " +
                                    std::to_string(heads_kv) + ", batch " + std::to_string(batch) +
-                                   (p.deterministic ? ", deterministic" : "") + (pairs ? ", pairs innermost" : "");
+                                   (p.deterministic ? ", deterministic" : "") + (pairs ? ", pairs innermost" : "") +
+                                   ", head group " + std::to_string(p.head_group);
           for (size_t pair = 0; pair < size_t(heads_kv) * batch; ++pair)
             for (int n = 0; n + 1 < key_blocks; ++n) {
               const int64_t first = launched[pair * key_blocks + n], second = launched[pair * key_blocks + n + 1];
@@ -210,6 +217,16 @@ TEST(BackwardLaunchOrder, DeterministicBlocksWaitOnlyForBlocksLaunchedBefore) {
                 EXPECT_LT(first, second) << what;  // the heaviest causal key blocks first
               }
             }
+          // Head groups: key block n of every pair of a group before any key block n + 1 of it.
+          if (p.head_group > 1) {
+            const size_t group = size_t(p.head_group);
+            for (size_t pair = 0; pair < size_t(pair_count); ++pair) {
+              const size_t first = pair / group * group, end = std::min(first + group, size_t(pair_count));
+              for (size_t other = first; other < end; ++other)
+                for (int n = 0; n + 1 < key_blocks; ++n)
+                  EXPECT_LT(launched[pair * key_blocks + n], launched[other * key_blocks + n + 1]) << what;
+            }
+          }
           // Pairs innermost: each group of pairs launches every pair's last key block first.
           if (pairs) {
             const int group = flashattn::cuda::backward_pair_group(heads_kv * batch);

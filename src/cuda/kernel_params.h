@@ -37,8 +37,8 @@ struct KernelParams {
   // The persistent sm90 forward: tiles handed out so far past the grid's first ones (zeroed
   // before each launch).
   int* tile_counter = nullptr;
-  // The sm90 launch order under causal-like masks: heads whose query tiles (forward) or key
-  // blocks (default backward) interleave (forward_head_group, backward_head_group).
+  // The launch order under causal-like masks: heads whose query tiles (forward) or key blocks
+  // (default backward) interleave (head_groups.h).
   int head_group = 1;
 
   // Backward workspace.

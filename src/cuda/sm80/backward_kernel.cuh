@@ -182,6 +182,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM, kBlock
   extern __shared__ __align__(128) unsigned char smem[];
 
   const BackwardBlock at = backward_block(blockIdx, gridDim, p);
+  if (at.batch >= p.batch) return;  // a spare block of the last head group
   const int hk = at.kv_head, b = at.batch, n = at.key_block;
   const Sequence seq = Sequence::of(p, b);
   const int n_blocks = (seq.seqlen_k + kN - 1) / kN;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "cuda/device.h"
+#include "cuda/head_groups.h"
 #include "cuda/launch.h"
 #include "cuda/sm80/backward_kernel.cuh"
 
@@ -32,9 +33,15 @@ Status launch_backward_main(const KernelParams& p, cudaStream_t stream) {
   if (pairs_innermost && n_blocks > 65535)
     return make_status(FLASHATTN_ERROR_UNSUPPORTED, "deterministic backward: seqlen_k = ", p.seqlen_k, " gives ",
                        n_blocks, " blocks of ", C::kN, " keys, past a grid's 65535");
-  const BackwardGrid g = backward_grid(n_blocks, p.heads_kv, p.batch, pairs_innermost);
+  KernelParams q = p;
+  if (!p.deterministic && n_blocks <= 65535) {  // in groups of heads the key blocks go in y
+    const int group =
+        backward_head_group(p.batch, p.heads_kv, p.group, p.seqlen_q, p.seqlen_k, kD, p.window_left, p.window_right);
+    if (head_group_count(int64_t(p.batch) * p.heads_kv, group) <= 65535) q.head_group = group;  // groups in z
+  }
+  const BackwardGrid g = backward_grid(n_blocks, p.heads_kv, p.batch, pairs_innermost, q.head_group);
   const dim3 grid(g.x, g.y, g.z);
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(q);
   return device_status(cudaGetLastError(), "backward_kernel launch");
 }
 

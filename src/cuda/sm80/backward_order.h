@@ -4,6 +4,7 @@
 #pragma once
 
 #include "core/semantics.h"  // FA_HD
+#include "cuda/head_groups.h"
 
 namespace flashattn::cuda {
 
@@ -40,18 +41,30 @@ FA_HD constexpr int backward_pair_group(int pairs) {
 }
 
 // Pairs innermost: (pairs of a group, key blocks, groups), for fewer than 2^31 pairs (the launch
-// refuses more); else (key blocks, kv heads, batch).
-constexpr BackwardGrid backward_grid(int key_blocks, int heads_kv, int batch, bool pairs_innermost) {
+// refuses more). Default mode in groups of heads (head_group > 1, head_groups.h, for causal-like
+// masks): (the group's pairs, key blocks, groups), key block n of every pair of the group before
+// any key block n + 1; the last group may have spare blocks, past the last pair. Else (key
+// blocks, kv heads, batch).
+constexpr BackwardGrid backward_grid(int key_blocks, int heads_kv, int batch, bool pairs_innermost,
+                                     int head_group = 1) {
+  if (!pairs_innermost && head_group > 1)
+    return {unsigned(head_group), unsigned(key_blocks),
+            unsigned(head_group_count(int64_t(heads_kv) * batch, head_group))};
   if (!pairs_innermost) return {unsigned(key_blocks), unsigned(heads_kv), unsigned(batch)};
   const int pairs = heads_kv * batch, group = backward_pair_group(pairs);
   return {unsigned(group), unsigned(key_blocks), unsigned(pairs / group)};
 }
 
 // The key block, kv head and sequence of a block: `block` and `grid` are blockIdx and gridDim in
-// the kernel, anything with x, y, z on the host; `p` has deterministic, window_left, window_right
-// and heads_kv. A pair is batch * heads_kv + kv head.
+// the kernel, anything with x, y, z on the host; `p` has deterministic, window_left, window_right,
+// heads_kv and head_group. A pair is batch * heads_kv + kv head; a spare block of the last head
+// group gets a batch past the last.
 template <typename Index, typename Extent, typename Params>
 FA_HD constexpr BackwardBlock backward_block(const Index& block, const Extent& grid, const Params& p) {
+  if (!p.deterministic && p.head_group > 1) {
+    const int pair = int(block.z) * p.head_group + int(block.x);
+    return {int(block.y), pair % p.heads_kv, pair / p.heads_kv};
+  }
   if (!p.deterministic) return {int(block.x), int(block.y), int(block.z)};
   if (backward_pairs_innermost(p.deterministic, p.window_left, p.window_right)) {
     const int pair = int(block.z * grid.x + block.x);

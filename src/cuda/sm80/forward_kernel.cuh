@@ -275,9 +275,18 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads)
 
   // Query tiles of a head run last-first: under a causal mask the last ones see the most keys.
   const int m_blocks = (p.seqlen_q + kM - 1) / kM;
-  const int m_block = m_blocks - 1 - int(blockIdx.x) % m_blocks;
-  const int split = int(blockIdx.x) / m_blocks;
-  const int h = blockIdx.y, b = blockIdx.z;
+  int tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  // In groups of heads (forward_launch.cuh) the tile index is y and the head x + z * group. Not
+  // with dropout: computed heads would spill there (its draws keep them to the end).
+  if (!kDropout && p.head_group > 1) {
+    const int head = int(blockIdx.z) * p.head_group + int(blockIdx.x);
+    if (head >= p.batch * p.heads_q) return;  // the last group's spare blocks
+    tile = blockIdx.y;
+    h = head % p.heads_q;
+    b = head / p.heads_q;
+  }
+  const int m_block = m_blocks - 1 - tile % m_blocks;
+  const int split = tile / m_blocks;
   const Sequence seq = Sequence::of(p, b);
   const int m0 = m_block * kM;
   if (m0 >= seq.seqlen_q) return;

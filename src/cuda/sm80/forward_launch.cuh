@@ -2,6 +2,7 @@
 // kernel when the keys were split.
 #pragma once
 
+#include "cuda/head_groups.h"
 #include "cuda/launch.h"
 #include "cuda/sm80/forward_kernel.cuh"
 
@@ -19,8 +20,19 @@ Status launch_forward(const KernelParams& p, cudaStream_t stream) {
   FA_TRY(device_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes),
                        "cudaFuncSetAttribute(forward_kernel)"));
   const int m_blocks = (p.seqlen_q + C::kM - 1) / C::kM;
-  const dim3 grid(unsigned(m_blocks * p.num_splits), unsigned(p.heads_q), unsigned(p.batch));
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+  // (query tiles x splits, heads, batch), or in groups of heads (head_groups.h; not with dropout,
+  // forward_kernel): (the group's heads, query tiles x splits, groups), so that a group's longest
+  // tiles launch first.
+  KernelParams q = p;
+  if (p.dropout_threshold == 0 && m_blocks * p.num_splits <= 65535) {  // tiles in the grid's y
+    const int group =
+        forward_head_group(p.batch, p.heads_q, p.group, p.seqlen_k, kD, p.window_left, p.window_right);
+    if (head_group_count(int64_t(p.batch) * p.heads_q, group) <= 65535) q.head_group = group;  // groups in z
+  }
+  const unsigned tiles = unsigned(m_blocks * p.num_splits), group = unsigned(q.head_group);
+  const dim3 grid = group > 1 ? dim3(group, tiles, unsigned(head_group_count(int64_t(p.batch) * p.heads_q, group)))
+                              : dim3(tiles, unsigned(p.heads_q), unsigned(p.batch));
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(q);
   FA_TRY(device_status(cudaGetLastError(), "forward_kernel launch"));
   if (p.num_splits > 1) return launch_combine<T>(p, kD, stream);
   return Status::ok();

@@ -274,13 +274,12 @@ __host__ __device__ inline bool backward_interleaves_heads(const KernelParams& p
 // (backward_interleaves_heads); or, in the default mode under a causal-like mask, a group's
 // (batch, kv head) pairs x key blocks x groups (KernelParams::head_group): key block n of every
 // pair of a group launches before any key block n + 1, the heaviest first.
-inline int64_t backward_head_groups(const KernelParams& p, int head_group) {  // the grid's z
-  return (int64_t(p.batch) * p.heads_kv + head_group - 1) / head_group;
-}
 template <int kN>
 inline dim3 backward_grid(const KernelParams& p) {
   const unsigned n_blocks = unsigned(backward_key_blocks<kN>(p));
-  if (p.head_group > 1) return dim3(unsigned(p.head_group), n_blocks, unsigned(backward_head_groups(p, p.head_group)));
+  if (p.head_group > 1)
+    return dim3(unsigned(p.head_group), n_blocks,
+                unsigned(head_group_count(int64_t(p.batch) * p.heads_kv, p.head_group)));
   return backward_interleaves_heads<kN>(p) ? dim3(unsigned(p.heads_kv), n_blocks, unsigned(p.batch))
                                            : dim3(n_blocks, unsigned(p.heads_kv), unsigned(p.batch));
 }

@@ -2,8 +2,9 @@
 // host (split decision, shared-memory size).
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
+
+#include "cuda/head_groups.h"
 
 namespace flashattn::cuda::sm90 {
 
@@ -59,33 +60,6 @@ constexpr ForwardTileCoordinates forward_tile_at(int index, int heads_q, int hea
   const int step = (index - first * head_tiles) / splits;  // (query tile, head) within the group
   const int head = first + step % width;
   return {head / heads_q, head % heads_q, m_blocks - 1 - step / width, index % splits};
-}
-
-// Heads per group of the launch order (KernelParams::head_group). Under a causal-like mask (keys
-// up to the diagonal) a head's query tiles, and its key blocks, range from one key block's work
-// to all of them. Head-major, the multiprocessors' last tiles include long ones and they finish
-// up to a long tile apart; longest first across the heads of a group, the last tiles are short. A
-// group's working set stays within 32 MiB of the H100's and H200's 50 MB of L2 (longest first
-// across all heads, the causal forward lost 13% to L2 misses; 64 MiB lost up to 7% at d <= 128,
-// measured on the H200).
-constexpr int64_t kHeadGroupBytes = int64_t(32) << 20;
-constexpr int64_t kElementBytes = 2;  // fp16 and bf16, the CUDA kernels' element types
-constexpr int head_group_of(int64_t head_bytes, int64_t heads, int window_left, int window_right) {
-  if (window_left >= 0 || window_right < 0) return 1;
-  return int(std::clamp<int64_t>(kHeadGroupBytes / std::max<int64_t>(1, head_bytes), 1, heads));
-}
-// The forward's working set per query head: its K and V (a kv head serves `group` query heads).
-constexpr int forward_head_group(int batch, int heads_q, int group, int seqlen_k, int head_dim, int window_left,
-                                 int window_right) {
-  return head_group_of(kElementBytes * 2 * seqlen_k * head_dim / group, int64_t(batch) * heads_q, window_left,
-                       window_right);
-}
-// The backward's per kv head: K and V, and its query heads' Q, dO and fp32 dQ sums.
-constexpr int backward_head_group(int batch, int heads_kv, int group, int seqlen_q, int seqlen_k, int head_dim,
-                                  int window_left, int window_right) {
-  const int64_t kv = kElementBytes * 2 * seqlen_k * head_dim;
-  const int64_t queries = (2 * kElementBytes + 4) * seqlen_q * head_dim * group;
-  return head_group_of(kv + queries, int64_t(batch) * heads_kv, window_left, window_right);
 }
 
 constexpr int64_t kMaxForwardTiles = (int64_t(1) << 31) - (int64_t(1) << 20);  // room for the grid past the last
