@@ -87,6 +87,16 @@ TEST(HeadGroups, ForwardGroupsHeadsUnderACausalMaskOnly) {
   EXPECT_EQ(forward_head_group(1, 4, 1, 1 << 30, 256, -1, 0), 1);      // 1 TiB per head, counted in 64 bits
 }
 
+// A grid launch keeps its group only where the grid holds it: tiles in y, groups in z.
+TEST(HeadGroups, GridLaunchesFallBackToHeadMajorPastTheGridsLimits) {
+  using flashattn::cuda::head_group_in_grid;
+  EXPECT_EQ(head_group_in_grid(4, 6, 128), 4);
+  EXPECT_EQ(head_group_in_grid(4, 6, 65535), 4);
+  EXPECT_EQ(head_group_in_grid(4, 6, 65536), 1);                 // a head's tiles past y
+  EXPECT_EQ(head_group_in_grid(2, 2 * 65535, 16), 2);            // 65535 groups
+  EXPECT_EQ(head_group_in_grid(2, 2 * 65535 + 1, 16), 1);        // one group more than z holds
+}
+
 TEST(HeadGroups, BackwardCountsKeysQueriesAndDqSums) {
   using flashattn::cuda::backward_head_group;
   EXPECT_EQ(backward_head_group(8, 16, 1, 2048, 2048, 128, -1, -1), 1);  // no mask

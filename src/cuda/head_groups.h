@@ -22,6 +22,11 @@ constexpr int head_group_of(int64_t head_bytes, int64_t heads, int window_left, 
 }
 // Groups of `head_group` among `heads` heads (the last may hold fewer): a grid's z in groups.
 constexpr int64_t head_group_count(int64_t heads, int head_group) { return (heads + head_group - 1) / head_group; }
+// A grid launch's head group: `group` where the grid holds it (a head's tiles or key blocks in y,
+// the groups in z, both within 65535), else 1 (head-major).
+constexpr int head_group_in_grid(int group, int64_t heads, int64_t blocks_per_head) {
+  return blocks_per_head <= 65535 && head_group_count(heads, group) <= 65535 ? group : 1;
+}
 // The forward's working set per query head: its K and V (a kv head serves `group` query heads).
 constexpr int forward_head_group(int batch, int heads_q, int group, int seqlen_k, int head_dim, int window_left,
                                  int window_right) {

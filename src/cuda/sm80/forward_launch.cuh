@@ -24,11 +24,10 @@ Status launch_forward(const KernelParams& p, cudaStream_t stream) {
   // forward_kernel): (the group's heads, query tiles x splits, groups), so that a group's longest
   // tiles launch first.
   KernelParams q = p;
-  if (p.dropout_threshold == 0 && m_blocks * p.num_splits <= 65535) {  // tiles in the grid's y
-    const int group =
-        forward_head_group(p.batch, p.heads_q, p.group, p.seqlen_k, kD, p.window_left, p.window_right);
-    if (head_group_count(int64_t(p.batch) * p.heads_q, group) <= 65535) q.head_group = group;  // groups in z
-  }
+  if (p.dropout_threshold == 0)
+    q.head_group = head_group_in_grid(
+        forward_head_group(p.batch, p.heads_q, p.group, p.seqlen_k, kD, p.window_left, p.window_right),
+        int64_t(p.batch) * p.heads_q, int64_t(m_blocks) * p.num_splits);
   const unsigned tiles = unsigned(m_blocks * p.num_splits), group = unsigned(q.head_group);
   const dim3 grid = group > 1 ? dim3(group, tiles, unsigned(head_group_count(int64_t(p.batch) * p.heads_q, group)))
                               : dim3(tiles, unsigned(p.heads_q), unsigned(p.batch));

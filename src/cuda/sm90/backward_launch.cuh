@@ -26,11 +26,10 @@ Status launch_backward_main(const KernelParams& p, cudaStream_t stream) {
   using C = std::conditional_t<backward_wide(kD), WideBackwardConfig<T, kD, kGeneral>, BackwardConfig<T, kD, kGeneral>>;
   BackwardArgs args;
   args.p = p;
-  if (!p.deterministic && backward_key_blocks<C::kN>(p) <= 65535) {  // key blocks in the grid's y
-    const int group =
-        backward_head_group(p.batch, p.heads_kv, p.group, p.seqlen_q, p.seqlen_k, kD, p.window_left, p.window_right);
-    if (head_group_count(int64_t(p.batch) * p.heads_kv, group) <= 65535) args.p.head_group = group;  // groups in z
-  }
+  if (!p.deterministic)
+    args.p.head_group = head_group_in_grid(
+        backward_head_group(p.batch, p.heads_kv, p.group, p.seqlen_q, p.seqlen_k, kD, p.window_left, p.window_right),
+        int64_t(p.batch) * p.heads_kv, backward_key_blocks<C::kN>(p));
   constexpr bool kBf16 = std::is_same_v<T, bf16>;
   FA_TRY(make_operand_map(&args.q, p.q, p, Side::queries, kBf16, C::kM));
   FA_TRY(make_operand_map(&args.dout, p.dout, p, Side::queries, kBf16, C::kM));
