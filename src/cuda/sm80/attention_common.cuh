@@ -78,6 +78,15 @@ struct ScoreRule {
     return kLog2e * (s + semantics::alibi_bias_at<float>(alibi_slope, c, j));
   }
 
+  // The same bias and transform in 32-bit indices (lengths are ints): kernels that keep their rows
+  // and keys in ints spare the registers of 64-bit ones.
+  __device__ __forceinline__ float alibi_bias32(int i, int j) const {
+    return -alibi_slope * float(abs(i + (window.seqlen_k - window.seqlen_q) - j));
+  }
+  __device__ __forceinline__ float transform32(float x, int i, int j) const {
+    return kLog2e * (semantics::softcap<float>(scale * x, softcap) + alibi_bias32(i, j));
+  }
+
   // True when every (i, j) of the block [i0, i0 + rows) x [j0, j0 + cols) is visible, so the
   // block needs no per-element mask. Rows past the sequence end are never stored, so they may
   // count as visible; key columns past the end may not.

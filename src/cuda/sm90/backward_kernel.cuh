@@ -322,9 +322,10 @@ __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, i
     int* turn = turns + backward_dq_turn(p.rows_q, p.batch, 0, C::kM, 0, h, m, 0);
 #pragma unroll 1
     for (int r = 0; r < C::kDqRounds; ++r) {
-      static_assert(C::kDqBuffers == C::kDqRounds, "a buffer per round: buffer r is handed over once a step");
-      const uint32_t tile = tiles + r * 2 * C::DqTile::kBytes;
-      mbarrier_wait(bars.dq_full(wg, r), uint32_t(s) & 1u);
+      // The tiles go through the buffers in turn: tile t of the block in buffer t % kDqBuffers.
+      const int t = s * C::kDqRounds + r, buf = t % C::kDqBuffers;
+      const uint32_t tile = tiles + buf * 2 * C::DqTile::kBytes;
+      mbarrier_wait(bars.dq_full(wg, buf), uint32_t(t / C::kDqBuffers) & 1u);
       if (r == 0 && m >= after_begin && m < after_end) wait_for_turn(turn, n + chains);
 #pragma unroll
       for (int box = 0; box < kRoundCols / 32; ++box)
@@ -332,7 +333,7 @@ __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, i
                           h, row0 + m * C::kM + C::dq_row(wg));
       bulk_commit();
       bulk_wait_read<0>();  // TMA has read the tile: the consumer may refill it
-      mbarrier_arrive(bars.dq_empty(wg, r));
+      mbarrier_arrive(bars.dq_empty(wg, buf));
       if (p.deterministic && r == C::kDqRounds - 1) {  // the tile's next adder waits for ours to land
         bulk_wait<0>();
         pass_turn(turn, n);
@@ -349,7 +350,7 @@ __device__ __forceinline__ bool visible(const semantics::Window& w, int i, int j
 }
 
 // S^T -> P^T = exp2(S^T - lse) in place for a consumer's part of the kM x kN tile of step rows m0
-// and keys j0: element [jt][e] is query query(jt, e) of the step and key key(e). Masked entries
+// and keys j0: element [jt][e] is query query(jt, e) of the step and key key(jt, e). Masked entries
 // (and rows past the sequence, whose lse is +inf) become 0.
 template <bool kGeneral, int kM, int kN, int kTiles, typename QueryOf, typename KeyOf>
 __device__ __forceinline__ void to_probabilities(float (&st)[kTiles][4], const float* lse2, const ScoreRule& rule,
@@ -358,14 +359,14 @@ __device__ __forceinline__ void to_probabilities(float (&st)[kTiles][4], const f
 #pragma unroll
     for (int jt = 0; jt < kTiles; ++jt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) st[jt][e] = rule.transform(st[jt][e], m0 + query(jt, e), key(e));
+      for (int e = 0; e < 4; ++e) st[jt][e] = rule.transform32(st[jt][e], m0 + query(jt, e), key(jt, e));
   }
   if (!rule.block_unmasked(m0, kM, j0, kN)) {
 #pragma unroll
     for (int jt = 0; jt < kTiles; ++jt)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        if (!visible(rule.window, m0 + query(jt, e), key(e))) st[jt][e] = -INFINITY;
+        if (!visible(rule.window, m0 + query(jt, e), key(jt, e))) st[jt][e] = -INFINITY;
   }
   const float exp_scale = kGeneral ? 1.f : rule.exp_scale;
 #pragma unroll
@@ -396,8 +397,7 @@ __device__ __forceinline__ void to_score_gradients(const float (&pt)[kTiles][4],
       const float ds = pt[jt][e] * (dpt[jt][e] - delta[query(jt, e)]);
       dpt[jt][e] = ds;
       if (kGeneral && rule.softcap > 0.f) {
-        const int64_t diagonal = rule.window.unfolded_diagonal(m0 + query(jt, e));
-        const float bias = semantics::alibi_bias_at<float>(rule.alibi_slope, diagonal, key(e));
+        const float bias = rule.alibi_bias32(m0 + query(jt, e), key(jt, e));
         dpt[jt][e] = ds * softcap_grad_at(pt[jt][e], lse2[query(jt, e)], bias, rule.softcap);
       }
     }
@@ -590,7 +590,7 @@ struct BackwardConsumer {
     const ScoreRule rule = ScoreRule::make(p, seq, b, h);
     const int lane = threadIdx.x % 32, key0 = int(w.j0) + 64 * wg + 16 * ((threadIdx.x % 128) / 32) + lane / 4;
     auto query = [&](int jt, int e) { return 8 * jt + 2 * (lane % 4) + e % 2; };  // local query of [jt][e]
-    auto key = [&](int e) { return key0 + 8 * (e / 2); };                        // key of [jt][e]
+    auto key = [&](int, int e) { return key0 + 8 * (e / 2); };                   // key of [jt][e]
     to_probabilities<kGeneral, kM, kN>(st, rows(slot.stage), rule, m0, w.j0, query, key);
     wgmma_wait<0>();
     fence_registers(flat<kM>(dpt));

@@ -9,7 +9,8 @@ the instruction, so these are generated rather than written by hand.
 
 import sys
 
-N_VALUES = range(16, 257, 16)
+# Multiples of 16, and 40: S and dP of half the d = 256 backward's 80-key block.
+N_VALUES = sorted({*range(16, 257, 16), 40})
 TYPES = (("fp16", "f16"), ("bf16", "bf16"))
 
 

@@ -104,7 +104,8 @@ namespace flashattn::cuda::sm90 {
 // d = 64 a step takes 128 query rows (half the steps, each twice the work: S^T and dP^T are 64
 // fp32 per thread, which fit beside dK and dV at d = 64, but not beside the score transform's
 // temporaries too: `general` scores keep 64 rows); at d = 256 (backward_wide_kernel.cuh) the
-// consumers share 64 keys and split the head dim, and Q and dO have one stage.
+// consumers share 80 keys and split the head dim (dK^T and dV^T: 128 dims x 80 keys, 80 + 80 fp32
+// per thread), and Q and dO have one stage.
 struct BackwardShape {
   int block_m, block_n, stages;
 };
@@ -112,7 +113,7 @@ struct BackwardShape {
 constexpr bool backward_supported(int head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
 constexpr bool backward_wide(int head_dim) { return head_dim > 128; }
 constexpr BackwardShape backward_shape(int head_dim, bool general = false) {
-  return backward_wide(head_dim)        ? BackwardShape{64, 64, 1}
+  return backward_wide(head_dim)        ? BackwardShape{64, 80, 1}
          : head_dim <= 64 && !general  ? BackwardShape{128, 128, 2}
                                        : BackwardShape{64, 128, 2};
 }
@@ -135,9 +136,9 @@ constexpr int backward_dq_cols(int head_dim, bool general = false) {
   return backward_wide(head_dim) ? head_dim / 4 : s.block_m == 128 ? head_dim : head_dim / 2;
 }
 
-// dQ tiles per consumer: the wide kernel hands over two per step (two rounds of d/4 columns), each
-// in a buffer of its own, so that the second round does not wait for TMA to read the first.
-constexpr int backward_dq_buffers(int head_dim) { return backward_wide(head_dim) ? 2 : 1; }
+// dQ buffers per consumer. The wide kernel hands over two tiles per step (two rounds of d/4
+// columns) through one buffer: a second would not fit beside its 80-key K and V.
+constexpr int backward_dq_buffers(int) { return 1; }
 
 // Whether dO has full and empty barriers of its own, apart from Q's: the wide kernel then issues
 // S^T = K Q^T while dO lands, and hands Q back (after dK) before dO (after dV), so that the next
@@ -150,14 +151,20 @@ constexpr int backward_barriers(int stages, int dq_buffers, bool do_apart) {
   return 1 + 2 * stages + 4 * dq_buffers + (do_apart ? 2 * stages : 0);
 }
 
-// K, V, the Q and dO stages, two dS^T buffers (narrow) or the P^T and dS^T tiles (wide), the 64-row
-// fp32 dQ buffers of each consumer, lse and delta rows per stage, the mbarriers, and 1 KiB of
-// slack for the alignment of the tiles.
+// The two 16-bit score tiles of a step: dS^T of two steps, [key][query] (narrow), or P and dS,
+// [query][key] with the keys padded to whole 64-column blocks (wide).
+constexpr int backward_score_tile_bytes(int head_dim, bool general = false) {
+  const BackwardShape s = backward_shape(head_dim, general);
+  return 2 * 2 * (backward_wide(head_dim) ? s.block_m * ((s.block_n + 63) / 64 * 64) : s.block_n * s.block_m);
+}
+
+// K, V, the Q and dO stages, the score tiles, the 64-row fp32 dQ buffers of each consumer, lse and
+// delta rows per stage, the mbarriers, and 1 KiB of slack for the alignment of the tiles.
 constexpr int backward_smem_bytes(int head_dim, bool general = false) {
   const BackwardShape s = backward_shape(head_dim, general);
   const int buffers = backward_dq_buffers(head_dim);
   const int barriers = backward_barriers(s.stages, buffers, backward_do_apart(head_dim));
-  return 2 * head_dim * (2 * s.block_n + 2 * s.stages * s.block_m) + 2 * 2 * s.block_n * s.block_m +
+  return 2 * head_dim * (2 * s.block_n + 2 * s.stages * s.block_m) + backward_score_tile_bytes(head_dim, general) +
          2 * buffers * 4 * backward_dq_cols(head_dim, general) * 64 + 2 * 4 * s.block_m * s.stages + 8 * barriers +
          1024;
 }
