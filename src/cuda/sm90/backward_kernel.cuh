@@ -267,7 +267,7 @@ template <int kN>
 __host__ __device__ inline bool backward_interleaves_heads(const KernelParams& p) {
   const int64_t n_blocks = backward_key_blocks<kN>(p);
   const bool unmasked = p.window_left < 0 && p.window_right < 0;
-  return p.deterministic && p.dq_copies == 1 && (unmasked ? n_blocks * kN <= 4096 : n_blocks <= 16);
+  return p.deterministic && p.dq_copies == 1 && (unmasked ? p.seqlen_k <= 4096 : n_blocks <= 16);
 }
 
 // The grid of the backward: key blocks x kv heads x batch; kv heads x key blocks x batch
