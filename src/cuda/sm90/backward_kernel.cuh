@@ -55,7 +55,6 @@ struct BackwardConfig {
   // A consumer's dQ over all keys: d/2 columns of the 64 rows, or all columns of its 64 of 128.
   static constexpr int kDqCols = backward_dq_cols(kD, kGeneral);
   static constexpr int kDqRounds = 1;  // dQ tiles a consumer hands over per step
-  static constexpr int kDqBuffers = backward_dq_buffers(kD);
   static constexpr bool kDoApart = backward_do_apart(kD);  // false: dO shares Q's barriers
   __device__ static int dq_row(int wg) { return kM == 128 ? 64 * wg : 0; }
   __device__ static int dq_col(int wg) { return kM == 128 ? 0 : wg * kDqCols; }
@@ -70,9 +69,9 @@ struct BackwardConfig {
   static constexpr int kDsOffset = kDoOffset + kStages * QTile::kBytes;
   static constexpr int kDqOffset = kDsOffset + 2 * DsTile::kBytes;  // one dQ tile per consumer
   static_assert(kDqOffset % 1024 == 0, "swizzled TMA boxes start on the 1024-byte swizzle period");
-  static constexpr int kRowsOffset = kDqOffset + 2 * kDqBuffers * DqTile::kBytes;  // [stage][lse2, delta][kM] floats
+  static constexpr int kRowsOffset = kDqOffset + 2 * DqTile::kBytes;  // [stage][lse2, delta][kM] floats
   static constexpr int kBarrierOffset = kRowsOffset + kStages * 2 * kM * 4;
-  static constexpr int kBarriers = backward_barriers(kStages, kDqBuffers, kDoApart);
+  static constexpr int kBarriers = backward_barriers(kStages, kDoApart);
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
   static_assert(kSmemBytes == backward_smem_bytes(kD, kGeneral), "the host reads the same size");
   // Register budgets after reallocation: setmaxnreg moves registers inside the block's launch
@@ -91,35 +90,35 @@ constexpr int kDsWrittenBarrier = 1;
 // products keep the tensor cores busy, instead of both passes at once.
 constexpr int kTurnBarrier = 5;
 
-// C: the kernel's config (its stages, dQ buffers and whether dO has barriers of its own).
+// C: the kernel's config (its stages and whether dO has barriers of its own).
 template <typename C>
 struct BackwardBarriers {
-  static constexpr int kStages = C::kStages, kDqBuffers = C::kDqBuffers;
-  static_assert(C::kBarriers == 1 + 2 * kStages + 4 * kDqBuffers + (C::kDoApart ? 2 * kStages : 0),
+  static constexpr int kStages = C::kStages;
+  static_assert(C::kBarriers == 1 + 2 * kStages + 4 + (C::kDoApart ? 2 * kStages : 0),
                 "the layout below fills the config's barriers");
   uint32_t base;
   __device__ uint32_t kv_full() const { return base; }  // K and V, loaded once
   // Q, the rows (a warp) and, unless C::kDoApart, dO.
   __device__ uint32_t full(int s) const { return base + 8 * (1 + s); }
   __device__ uint32_t empty(int s) const { return base + 8 * (1 + kStages + s); }
-  // Consumer wg's dQ buffer `buf`.
-  __device__ uint32_t dq_full(int wg, int buf = 0) const { return base + 8 * (1 + 2 * kStages + 4 * buf + wg); }
-  __device__ uint32_t dq_empty(int wg, int buf = 0) const { return base + 8 * (3 + 2 * kStages + 4 * buf + wg); }
+  // Consumer wg's dQ buffer.
+  __device__ uint32_t dq_full(int wg) const { return base + 8 * (1 + 2 * kStages + wg); }
+  __device__ uint32_t dq_empty(int wg) const { return base + 8 * (3 + 2 * kStages + wg); }
   // C::kDoApart: dO of stage s, so that S^T = K Q^T can start while dO lands.
   __device__ uint32_t do_full(int s) const {
     static_assert(C::kDoApart, "dO shares Q's barriers in this kernel");
-    return base + 8 * (1 + 2 * kStages + 4 * kDqBuffers + s);
+    return base + 8 * (5 + 2 * kStages + s);
   }
   __device__ uint32_t do_empty(int s) const {
     static_assert(C::kDoApart, "dO shares Q's barriers in this kernel");
-    return base + 8 * (1 + 3 * kStages + 4 * kDqBuffers + s);
+    return base + 8 * (5 + 3 * kStages + s);
   }
 };
 
-// Consumer wg's dQ buffer `buf`, of C::DqTile.
+// Consumer wg's dQ buffer, of C::DqTile.
 template <typename C>
-__device__ __forceinline__ uint32_t dq_buffer(uint32_t smem, int wg, int buf) {
-  return smem + C::kDqOffset + (2 * buf + wg) * C::DqTile::kBytes;
+__device__ __forceinline__ uint32_t dq_buffer(uint32_t smem, int wg) {
+  return smem + C::kDqOffset + wg * C::DqTile::kBytes;
 }
 
 // What a block does for key block n: which keys, and which (head, query block) steps see them.
@@ -296,7 +295,7 @@ __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, i
   const KernelParams& p = args.p;
   if (w.steps() == 0) return;
   tma_prefetch_map(args.dq_accum);
-  const uint32_t tiles = dq_buffer<C>(smem, wg, 0);  // buffer r follows at r * 2 tiles
+  const uint32_t tile = dq_buffer<C>(smem, wg);
   constexpr int kRoundCols = C::kDqCols / C::kDqRounds;  // dQ columns of one handed-over tile
   // Only head dims the host may give two chains compile them (registers: the wide kernel's
   // producer spills with them).
@@ -322,10 +321,7 @@ __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, i
     int* turn = turns + backward_dq_turn(p.rows_q, p.batch, 0, C::kM, 0, h, m, 0);
 #pragma unroll 1
     for (int r = 0; r < C::kDqRounds; ++r) {
-      // The tiles go through the buffers in turn: tile t of the block in buffer t % kDqBuffers.
-      const int t = s * C::kDqRounds + r, buf = t % C::kDqBuffers;
-      const uint32_t tile = tiles + buf * 2 * C::DqTile::kBytes;
-      mbarrier_wait(bars.dq_full(wg, buf), uint32_t(t / C::kDqBuffers) & 1u);
+      mbarrier_wait(bars.dq_full(wg), uint32_t(s * C::kDqRounds + r) & 1u);  // the block's tile s kDqRounds + r
       if (r == 0 && m >= after_begin && m < after_end) wait_for_turn(turn, n + chains);
 #pragma unroll
       for (int box = 0; box < kRoundCols / 32; ++box)
@@ -333,7 +329,7 @@ __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, i
                           h, row0 + m * C::kM + C::dq_row(wg));
       bulk_commit();
       bulk_wait_read<0>();  // TMA has read the tile: the consumer may refill it
-      mbarrier_arrive(bars.dq_empty(wg, buf));
+      mbarrier_arrive(bars.dq_empty(wg));
       if (p.deterministic && r == C::kDqRounds - 1) {  // the tile's next adder waits for ours to land
         bulk_wait<0>();
         pass_turn(turn, n);
@@ -404,13 +400,13 @@ __device__ __forceinline__ void to_score_gradients(const float (&pt)[kTiles][4],
 }
 
 // A consumer's fp32 dQ accumulators (kCols columns, in fragment order: dq_fragment_position) into
-// its shared buffer `buf` at `tile`, once its producer thread's TMA has read what the buffer held
-// (`handed`: tiles handed over in it before). The caller announces the tile (announce_dq_tile)
-// after a proxy fence, which it may share.
+// its shared buffer at `tile`, once its producer thread's TMA has read what the buffer held
+// (`handed`: tiles handed over before). The caller announces the tile (announce_dq_tile) after a
+// proxy fence, which it may share.
 template <typename DqTile, int kCols, typename C>
 __device__ __forceinline__ void store_dq_tile(const float (&dq)[kCols / 8][4], uint32_t tile,
-                                              const BackwardBarriers<C>& bars, int wg, int handed, int buf = 0) {
-  mbarrier_wait(bars.dq_empty(wg, buf), (uint32_t(handed) & 1u) ^ 1u);
+                                              const BackwardBarriers<C>& bars, int wg, int handed) {
+  mbarrier_wait(bars.dq_empty(wg), (uint32_t(handed) & 1u) ^ 1u);
   const int lane = threadIdx.x % 32, row = 16 * ((threadIdx.x % 128) / 32) + lane / 4;
   static_assert(kCols % 32 == 0, "whole 32-column blocks");
 #pragma unroll
@@ -424,16 +420,15 @@ __device__ __forceinline__ void store_dq_tile(const float (&dq)[kCols / 8][4], u
 }
 // Every thread, after a proxy fence that follows its stores: its part of the tile is written.
 template <typename C>
-__device__ __forceinline__ void announce_dq_tile(const BackwardBarriers<C>& bars, int wg, int buf = 0) {
-  mbarrier_arrive(bars.dq_full(wg, buf));
+__device__ __forceinline__ void announce_dq_tile(const BackwardBarriers<C>& bars, int wg) {
+  mbarrier_arrive(bars.dq_full(wg));
 }
 template <typename DqTile, int kCols, typename C>
 __device__ __forceinline__ void hand_over_dq_tile(const float (&dq)[kCols / 8][4], uint32_t tile,
-                                                  const BackwardBarriers<C>& bars, int wg, int handed,
-                                                  int buf = 0) {
-  store_dq_tile<DqTile, kCols>(dq, tile, bars, wg, handed, buf);
+                                                  const BackwardBarriers<C>& bars, int wg, int handed) {
+  store_dq_tile<DqTile, kCols>(dq, tile, bars, wg, handed);
   fence_async_shared();  // the writes, before TMA reads them
-  announce_dq_tile(bars, wg, buf);
+  announce_dq_tile(bars, wg);
 }
 
 // dK = scale * dK and dV of a consumer's keys key(half) (those below keys_valid) and columns
@@ -498,11 +493,10 @@ __device__ __forceinline__ void run_backward_block(const BackwardArgs& args) {
         mbarrier_init(bars.do_empty(s), 256);
       }
     }
-    for (int c = 0; c < 2; ++c)
-      for (int buf = 0; buf < C::kDqBuffers; ++buf) {
-        mbarrier_init(bars.dq_full(c, buf), 128);  // the consumer's threads
-        mbarrier_init(bars.dq_empty(c, buf), 1);   // its producer thread, once TMA has read the tile
-      }
+    for (int c = 0; c < 2; ++c) {
+      mbarrier_init(bars.dq_full(c), 128);  // the consumer's threads
+      mbarrier_init(bars.dq_empty(c), 1);   // its producer thread, once TMA has read the tile
+    }
     mbarrier_init_fence();
   }
   __syncthreads();
@@ -672,7 +666,7 @@ struct BackwardConsumer {
   }
 
   // This warpgroup's shared dQ boxes; the dQ tile of step s handed over through them.
-  __device__ uint32_t dq_tile() const { return dq_buffer<C>(smem, wg, 0); }
+  __device__ uint32_t dq_tile() const { return dq_buffer<C>(smem, wg); }
   __device__ void hand_over_dq(const float (&dq)[C::kDqCols / 8][4], int s) const {
     hand_over_dq_tile<typename C::DqTile, C::kDqCols>(dq, dq_tile(), bars, wg, s);
   }

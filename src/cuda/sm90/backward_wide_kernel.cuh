@@ -27,7 +27,6 @@ struct WideBackwardConfig {
   static constexpr int kCols = kD / 2;      // dK^T and dV^T rows, dQ columns of a consumer
   static constexpr int kDqCols = kCols;
   static constexpr int kDqRounds = 2;       // dQ tiles of kCols / 2 columns a consumer hands over per step
-  static constexpr int kDqBuffers = backward_dq_buffers(kD);
   static constexpr bool kDoApart = backward_do_apart(kD);
   static_assert(kDoApart, "the consumers wait for dO after issuing S");
   static constexpr int kColumnBlocks = kD / 64;
@@ -45,9 +44,9 @@ struct WideBackwardConfig {
   static constexpr int kDqOffset = kDsOffset + PTile::kBytes;
   static_assert(kDqOffset % 1024 == 0, "swizzled TMA boxes start on the 1024-byte swizzle period");
   static_assert(2 * PTile::kBytes == backward_score_tile_bytes(kD), "the host reads the same size");
-  static constexpr int kRowsOffset = kDqOffset + 2 * kDqBuffers * DqTile::kBytes;
+  static constexpr int kRowsOffset = kDqOffset + 2 * DqTile::kBytes;  // one dQ buffer per consumer
   static constexpr int kBarrierOffset = kRowsOffset + kStages * 2 * kM * 4;
-  static constexpr int kBarriers = backward_barriers(kStages, kDqBuffers, kDoApart);
+  static constexpr int kBarriers = backward_barriers(kStages, kDoApart);
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
   static_assert(kSmemBytes == backward_smem_bytes(kD), "the host reads the same size");
   // 40 / 232 as in the narrow kernel: the dQ reduce thread spills in 24.
@@ -82,8 +81,9 @@ struct WideBackwardConsumer {
   __device__ uint32_t ds_tile() const { return smem + C::kDsOffset; }
   __device__ const float* rows() const { return reinterpret_cast<const float*>(__cvta_shared_to_generic(smem + C::kRowsOffset)); }
 
-  // Query (row) and key (column) of score element [jt][e] of this thread, in the block.
-  __device__ int query_of(int e) const { return 16 * ((threadIdx.x % 128) / 32) + (threadIdx.x % 32) / 4 + 8 * (e / 2); }
+  // Row of accumulator element [jt][e] of this thread (a query of S and dP, a dim of a 64-dim tile
+  // of dK^T and dV^T), and the key (column) of score element [jt][e], in the block.
+  __device__ int row_of(int e) const { return 16 * ((threadIdx.x % 128) / 32) + (threadIdx.x % 32) / 4 + 8 * (e / 2); }
   __device__ int key_of(int jt, int e) const { return kKeys * wg + 8 * jt + 2 * (threadIdx.x % 4) + e % 2; }
 
   __device__ void run(const KeyBlockWork& w) {
@@ -125,7 +125,7 @@ struct WideBackwardConsumer {
     wgmma_wait<1>();
     fence_registers(flat<kKeys>(sc));
     const ScoreRule rule = ScoreRule::make(p, seq, b, h);
-    auto query = [this](int, int e) { return query_of(e); };
+    auto query = [this](int, int e) { return row_of(e); };
     auto key = [this, j0 = int(w.j0)](int jt, int e) { return j0 + key_of(jt, e); };
     to_probabilities<kGeneral, kM, kN>(sc, rows(), rule, m0, w.j0, query, key);
     wgmma_wait<0>();
@@ -193,15 +193,14 @@ struct WideBackwardConsumer {
     for (int jt = 0; jt < kKeys / 8; ++jt)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const uint32_t at = tile + C::PTile::offset(query_of(2 * half), key_of(jt, 0));
+        const uint32_t at = tile + C::PTile::offset(row_of(2 * half), key_of(jt, 0));
         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(pack2<T>(acc[jt][2 * half], acc[jt][2 * half + 1])));
       }
   }
 
-  // dQ round r of step s through this consumer's buffer (tile 2 s + r it hands over).
+  // dQ round r of step s through this consumer's buffer (the block's tile kDqRounds s + r).
   __device__ void hand_over_dq(const float (&dq)[kRoundCols / 8][4], int r, int s) {
-    const int t = s * C::kDqRounds + r, buf = t % C::kDqBuffers;
-    hand_over_dq_tile<typename C::DqTile, kRoundCols>(dq, dq_buffer<C>(smem, wg, buf), bars, wg, t / C::kDqBuffers, buf);
+    hand_over_dq_tile<typename C::DqTile, kRoundCols>(dq, dq_buffer<C>(smem, wg), bars, wg, s * C::kDqRounds + r);
   }
 
   // dK = scale * sum dS^T Q and dV of the valid keys and this consumer's dims. The accumulators
@@ -219,7 +218,7 @@ struct WideBackwardConsumer {
       for (int jt = 0; jt < kN / 8; ++jt)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int dim = kCols * wg + 64 * i + (query_of(2 * half) & ~1);
+          const int dim = kCols * wg + 64 * i + (row_of(2 * half) & ~1);
           const int key = 8 * jt + 2 * (threadIdx.x % 4) + (first ? 0 : 1);
           const float* k2 = &dkt[i][jt][2 * half];
           const float* v2 = &dvt[i][jt][2 * half];

@@ -136,19 +136,16 @@ constexpr int backward_dq_cols(int head_dim, bool general = false) {
   return backward_wide(head_dim) ? head_dim / 4 : s.block_m == 128 ? head_dim : head_dim / 2;
 }
 
-// dQ buffers per consumer. The wide kernel hands over two tiles per step (two rounds of d/4
-// columns) through one buffer: a second would not fit beside its 80-key K and V.
-constexpr int backward_dq_buffers(int) { return 1; }
-
 // Whether dO has full and empty barriers of its own, apart from Q's: the wide kernel then issues
-// S^T = K Q^T while dO lands, and hands Q back (after dK) before dO (after dV), so that the next
-// step's Q loads during dV. Measured on the H200: d = 256 +2 to +10%, d = 128 -0.5 to -1.3%.
+// S = Q K^T while dO lands, and hands dO and Q back apart (after dV and after dK), so that each
+// one's next load starts as soon as it can. Measured on the H200 with the 64-key kernel: d = 256
+// +2 to +10%, d = 128 -0.5 to -1.3%.
 constexpr bool backward_do_apart(int head_dim) { return backward_wide(head_dim); }
 
-// The backward's mbarriers: K/V; full and empty per Q/dO stage; dQ full and empty per consumer and
-// dQ buffer; with dO apart, dO full and empty per stage.
-constexpr int backward_barriers(int stages, int dq_buffers, bool do_apart) {
-  return 1 + 2 * stages + 4 * dq_buffers + (do_apart ? 2 * stages : 0);
+// The backward's mbarriers: K/V; full and empty per Q/dO stage; dQ full and empty per consumer (one
+// dQ buffer each); with dO apart, dO full and empty per stage.
+constexpr int backward_barriers(int stages, bool do_apart) {
+  return 1 + 2 * stages + 4 + (do_apart ? 2 * stages : 0);
 }
 
 // The two 16-bit score tiles of a step: dS^T of two steps, [key][query] (narrow), or P and dS,
@@ -158,14 +155,13 @@ constexpr int backward_score_tile_bytes(int head_dim, bool general = false) {
   return 2 * 2 * (backward_wide(head_dim) ? s.block_m * ((s.block_n + 63) / 64 * 64) : s.block_n * s.block_m);
 }
 
-// K, V, the Q and dO stages, the score tiles, the 64-row fp32 dQ buffers of each consumer, lse and
+// K, V, the Q and dO stages, the score tiles, the 64-row fp32 dQ buffer of each consumer, lse and
 // delta rows per stage, the mbarriers, and 1 KiB of slack for the alignment of the tiles.
 constexpr int backward_smem_bytes(int head_dim, bool general = false) {
   const BackwardShape s = backward_shape(head_dim, general);
-  const int buffers = backward_dq_buffers(head_dim);
-  const int barriers = backward_barriers(s.stages, buffers, backward_do_apart(head_dim));
+  const int barriers = backward_barriers(s.stages, backward_do_apart(head_dim));
   return 2 * head_dim * (2 * s.block_n + 2 * s.stages * s.block_m) + backward_score_tile_bytes(head_dim, general) +
-         2 * buffers * 4 * backward_dq_cols(head_dim, general) * 64 + 2 * 4 * s.block_m * s.stages + 8 * barriers +
+         2 * 4 * backward_dq_cols(head_dim, general) * 64 + 2 * 4 * s.block_m * s.stages + 8 * barriers +
          1024;
 }
 
