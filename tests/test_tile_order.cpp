@@ -16,7 +16,10 @@
 
 namespace {
 
+using flashattn::cuda::KernelParams;
 using flashattn::cuda::sm90::backward_dq_cols;
+using flashattn::cuda::sm90::backward_interleaves_heads;
+using flashattn::cuda::sm90::backward_key_blocks;
 using flashattn::cuda::backward_block;
 using flashattn::cuda::backward_dq_turn;
 using flashattn::cuda::backward_dq_turns;
@@ -249,6 +252,31 @@ TEST(BackwardLaunchOrder, DeterministicBlocksWaitOnlyForBlocksLaunchedBefore) {
   const BackwardGrid huge = backward_grid(3, 64, 65535, true);
   EXPECT_LE(huge.z, 65535u);
   EXPECT_EQ(uint64_t(huge.x) * huge.y * huge.z, uint64_t(3) * 64 * 65535);
+}
+
+// The sm90 deterministic backward interleaves kv heads without a mask up to 4096 keys, whatever
+// its key blocks (the d = 256 kernel's 80-key blocks cover 4096 keys with 52 blocks, 4160 keys),
+// under a mask up to 16 key blocks, and never in the default mode or with two chains of dQ adds.
+TEST(BackwardLaunchOrder, Sm90DeterministicHeadsInterleaveByKeysNotBlocks) {
+  KernelParams p;
+  p.deterministic = 1;
+  for (const int seqlen_k : {1, 80, 4000, 4096, 4097, 8192}) {
+    p.seqlen_k = seqlen_k;
+    EXPECT_EQ(backward_interleaves_heads<80>(p), seqlen_k <= 4096) << seqlen_k << " keys";
+    EXPECT_EQ(backward_interleaves_heads<128>(p), seqlen_k <= 4096) << seqlen_k << " keys";
+  }
+  p.window_right = 0;  // causal
+  for (const int blocks : {1, 16, 17}) {
+    p.seqlen_k = 80 * blocks;
+    EXPECT_EQ(backward_key_blocks<80>(p), blocks);
+    EXPECT_EQ(backward_interleaves_heads<80>(p), blocks <= 16) << blocks << " key blocks";
+  }
+  p.seqlen_k = 80;
+  p.dq_copies = 2;
+  EXPECT_FALSE(backward_interleaves_heads<80>(p));
+  p.dq_copies = 1;
+  p.deterministic = 0;
+  EXPECT_FALSE(backward_interleaves_heads<80>(p));
 }
 
 }  // namespace

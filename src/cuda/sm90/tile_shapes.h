@@ -4,7 +4,9 @@
 
 #include <cstdint>
 
+#include "core/semantics.h"  // FA_HD
 #include "cuda/head_groups.h"
+#include "cuda/kernel_params.h"
 
 namespace flashattn::cuda::sm90 {
 
@@ -116,6 +118,25 @@ constexpr BackwardShape backward_shape(int head_dim, bool general = false) {
   return backward_wide(head_dim)        ? BackwardShape{64, 80, 1}
          : head_dim <= 64 && !general  ? BackwardShape{128, 128, 2}
                                        : BackwardShape{64, 128, 2};
+}
+
+// Key blocks per (batch, kv head): the grid's extent over the longest sequence's keys.
+template <int kN>
+FA_HD int64_t backward_key_blocks(const KernelParams& p) {
+  return (int64_t(p.seqlen_k) + kN - 1) / kN;
+}
+
+// Deterministic mode orders each dQ tile's adds by key block, descending, and launches blocks in
+// that order. Where a head has few key blocks (at most 16), or without a mask up to 4096 keys,
+// it launches every kv head's key block n + 1 before any head's key block n, so that a block
+// rarely waits for its predecessor's turn (that one ran in an earlier wave); beyond, a head's key
+// blocks stay together: interleaved there, the heads' Q, dO and dQ streams compete for L2
+// (measured on the H200: -10 to -30% at 16k keys, -7 to -10% with causal masks at 4k).
+template <int kN>
+FA_HD bool backward_interleaves_heads(const KernelParams& p) {
+  const int64_t n_blocks = backward_key_blocks<kN>(p);
+  const bool unmasked = p.window_left < 0 && p.window_right < 0;
+  return p.deterministic && p.dq_copies == 1 && (unmasked ? p.seqlen_k <= 4096 : n_blocks <= 16);
 }
 
 // Deterministic mode's chains of dQ adds. Each dQ tile's adds pass a turn from key block to key
