@@ -111,6 +111,29 @@ TEST(HeadGroups, BackwardCountsKeysQueriesAndDqSums) {
   EXPECT_EQ(backward_head_group(1, 4, 1, 1 << 30, 1, 256, -1, 0), 1);    // 2 TiB of queries, in 64 bits
 }
 
+// Both backward launchers' group: backward_head_group's where the grid holds it, none in
+// deterministic mode (its turns need each head's key blocks in descending order).
+TEST(HeadGroups, BackwardLaunchesGroupOutsideDeterministicModeWhereTheGridHoldsIt) {
+  using flashattn::cuda::backward_launch_head_group;
+  KernelParams p;
+  p.batch = 8;
+  p.heads_kv = p.heads_q = 16;
+  p.seqlen_q = p.seqlen_k = 2048;
+  p.window_right = 0;  // causal
+  EXPECT_EQ(backward_launch_head_group(p, 128, 16), 10);
+  EXPECT_EQ(backward_launch_head_group(p, 128, 65536), 1);  // a head's key blocks past y
+  p.deterministic = 1;
+  EXPECT_EQ(backward_launch_head_group(p, 128, 16), 1);
+}
+
+// A grouped launch's block x of group z decodes to head z * group + x.
+TEST(HeadGroups, GroupedBlocksDecodeToConsecutiveHeads) {
+  using flashattn::cuda::grouped_head;
+  EXPECT_EQ(grouped_head(0, 0, 4), 0);
+  EXPECT_EQ(grouped_head(0, 3, 4), 3);
+  EXPECT_EQ(grouped_head(2, 1, 4), 9);
+}
+
 // Tall tiles (three consumers, 192 rows) only at d <= 64, and only where they compute at most 4%
 // more rows than 128-row tiles.
 TEST(ForwardTileShape, TallTilesWhereTheyWasteNoRows) {

@@ -79,10 +79,11 @@ FA_HD T softcap_grad(T capped, T cap) {
   return T(1) - r * r;
 }
 
-// ALiBi: -slope * |i + sk - sq - j|, added after softcap.
-template <typename T>
-FA_HD T alibi_bias_at(T slope, int64_t diagonal, int64_t j) {
-  const int64_t dist = diagonal - j;
+// ALiBi: -slope * |i + sk - sq - j|, added after softcap. `Index`: int64_t, or int where a kernel
+// keeps rows and keys in 32 bits (lengths are ints).
+template <typename T, typename Index = int64_t>
+FA_HD T alibi_bias_at(T slope, Index diagonal, Index j) {
+  const Index dist = diagonal - j;
   return -slope * T(dist < 0 ? -dist : dist);
 }
 template <typename T>

@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "core/semantics.h"  // FA_HD
+#include "cuda/kernel_params.h"
+
 namespace flashattn::cuda {
 
 // Heads per group of the launch order (KernelParams::head_group). Under a causal-like mask (keys
@@ -27,6 +30,10 @@ constexpr int64_t head_group_count(int64_t heads, int head_group) { return (head
 constexpr int head_group_in_grid(int group, int64_t heads, int64_t blocks_per_head) {
   return blocks_per_head <= 65535 && head_group_count(heads, group) <= 65535 ? group : 1;
 }
+// The head (or, in a backward, the (batch, kv head) pair) of a grouped launch's block x of group z:
+// the launchers' grids are (group, tiles or key blocks, groups). Past the last for the last
+// group's spare blocks.
+FA_HD constexpr int grouped_head(unsigned z, unsigned x, int group) { return int(z) * group + int(x); }
 // The forward's working set per query head: its K and V (a kv head serves `group` query heads).
 constexpr int forward_head_group(int batch, int heads_q, int group, int seqlen_k, int head_dim, int window_left,
                                  int window_right) {
@@ -39,6 +46,15 @@ constexpr int backward_head_group(int batch, int heads_kv, int group, int seqlen
   const int64_t kv = kElementBytes * 2 * seqlen_k * head_dim;
   const int64_t queries = (2 * kElementBytes + 4) * seqlen_q * head_dim * group;
   return head_group_of(kv + queries, int64_t(batch) * heads_kv, window_left, window_right);
+}
+// A backward launch's head group, with `key_blocks` per kv head: 1 in deterministic mode (its turns
+// need each head's key blocks in descending order), else backward_head_group's where the grid
+// holds it.
+inline int backward_launch_head_group(const KernelParams& p, int head_dim, int64_t key_blocks) {
+  if (p.deterministic) return 1;
+  return head_group_in_grid(backward_head_group(p.batch, p.heads_kv, p.group, p.seqlen_q, p.seqlen_k, head_dim,
+                                                p.window_left, p.window_right),
+                            int64_t(p.batch) * p.heads_kv, key_blocks);
 }
 
 }  // namespace flashattn::cuda

@@ -70,22 +70,22 @@ struct ScoreRule {
   // log2(e) * transformed score of row i and key j, from the raw product x (general scores
   // only; rows are query rows, as in the backward, which never folds them).
   __device__ __forceinline__ float transform(float x, int64_t i, int64_t j) const {
-    return transform_at(x, window.unfolded_diagonal(i), j);
+    return transform_at<int64_t>(x, window.unfolded_diagonal(i), j);
   }
   // The same for a row on diagonal c.
-  __device__ __forceinline__ float transform_at(float x, int64_t c, int64_t j) const {
+  template <typename Index = int64_t>
+  __device__ __forceinline__ float transform_at(float x, Index c, Index j) const {
     const float s = semantics::softcap<float>(scale * x, softcap);
-    return kLog2e * (s + semantics::alibi_bias_at<float>(alibi_slope, c, j));
+    return kLog2e * (s + semantics::alibi_bias_at<float, Index>(alibi_slope, c, j));
   }
 
-  // The same bias and transform in 32-bit indices (lengths are ints): kernels that keep their rows
+  // The bias and the transform in 32-bit indices (lengths are ints): kernels that keep their rows
   // and keys in ints spare the registers of 64-bit ones.
+  __device__ __forceinline__ int diagonal32(int i) const { return i + (window.seqlen_k - window.seqlen_q); }
   __device__ __forceinline__ float alibi_bias32(int i, int j) const {
-    return -alibi_slope * float(abs(i + (window.seqlen_k - window.seqlen_q) - j));
+    return semantics::alibi_bias_at<float, int>(alibi_slope, diagonal32(i), j);
   }
-  __device__ __forceinline__ float transform32(float x, int i, int j) const {
-    return kLog2e * (semantics::softcap<float>(scale * x, softcap) + alibi_bias32(i, j));
-  }
+  __device__ __forceinline__ float transform32(float x, int i, int j) const { return transform_at<int>(x, diagonal32(i), j); }
 
   // True when every (i, j) of the block [i0, i0 + rows) x [j0, j0 + cols) is visible, so the
   // block needs no per-element mask. Rows past the sequence end are never stored, so they may

@@ -34,10 +34,7 @@ Status launch_backward_main(const KernelParams& p, cudaStream_t stream) {
     return make_status(FLASHATTN_ERROR_UNSUPPORTED, "deterministic backward: seqlen_k = ", p.seqlen_k, " gives ",
                        n_blocks, " blocks of ", C::kN, " keys, past a grid's 65535");
   KernelParams q = p;
-  if (!p.deterministic)
-    q.head_group = head_group_in_grid(
-        backward_head_group(p.batch, p.heads_kv, p.group, p.seqlen_q, p.seqlen_k, kD, p.window_left, p.window_right),
-        int64_t(p.batch) * p.heads_kv, n_blocks);
+  q.head_group = backward_launch_head_group(p, kD, n_blocks);
   const BackwardGrid g = backward_grid(n_blocks, p.heads_kv, p.batch, pairs_innermost, q.head_group);
   const dim3 grid(g.x, g.y, g.z);
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(q);

@@ -62,7 +62,7 @@ constexpr BackwardGrid backward_grid(int key_blocks, int heads_kv, int batch, bo
 template <typename Index, typename Extent, typename Params>
 FA_HD constexpr BackwardBlock backward_block(const Index& block, const Extent& grid, const Params& p) {
   if (!p.deterministic && p.head_group > 1) {
-    const int pair = int(block.z) * p.head_group + int(block.x);
+    const int pair = grouped_head(block.z, block.x, p.head_group);
     return {int(block.y), pair % p.heads_kv, pair / p.heads_kv};
   }
   if (!p.deterministic) return {int(block.x), int(block.y), int(block.z)};

@@ -14,6 +14,7 @@
 #include "cuda/common/numeric.cuh"
 #include "cuda/common/smem.cuh"
 #include "cuda/common/warp.cuh"
+#include "cuda/head_groups.h"
 #include "cuda/sm80/attention_common.cuh"
 #include "cuda/sm80/tile_shapes.h"
 
@@ -77,7 +78,7 @@ __device__ __forceinline__ void transform_scores_at(float (&s)[kTiles][4], const
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int64_t j = j0 + nt * 8 + (lane % 4) * 2 + (e % 2);
-      s[nt][e] = rule.transform_at(s[nt][e], diag[e / 2], j);
+      s[nt][e] = rule.transform_at<int64_t>(s[nt][e], diag[e / 2], j);
     }
 }
 
@@ -279,7 +280,7 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads)
   // In groups of heads (forward_launch.cuh) the tile index is y and the head x + z * group. Not
   // with dropout: computed heads would spill there (its draws keep them to the end).
   if (!kDropout && p.head_group > 1) {
-    const int head = int(blockIdx.z) * p.head_group + int(blockIdx.x);
+    const int head = grouped_head(blockIdx.z, blockIdx.x, p.head_group);
     if (head >= p.batch * p.heads_q) return;  // the last group's spare blocks
     tile = blockIdx.y;
     h = head % p.heads_q;

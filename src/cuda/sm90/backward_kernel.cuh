@@ -447,7 +447,7 @@ __device__ __forceinline__ void run_backward_block(const BackwardArgs& args) {
   // deterministic mode key blocks run in descending order (wait_for_turn).
   int b = blockIdx.z, hk, n;
   if (p.head_group > 1) {
-    const int pair = int(blockIdx.z) * p.head_group + int(blockIdx.x);
+    const int pair = grouped_head(blockIdx.z, blockIdx.x, p.head_group);
     if (pair >= p.batch * p.heads_kv) return;  // the last group's spare blocks
     b = pair / p.heads_kv;
     hk = pair % p.heads_kv;

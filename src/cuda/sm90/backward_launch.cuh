@@ -26,10 +26,7 @@ Status launch_backward_main(const KernelParams& p, cudaStream_t stream) {
   using C = std::conditional_t<backward_wide(kD), WideBackwardConfig<T, kD, kGeneral>, BackwardConfig<T, kD, kGeneral>>;
   BackwardArgs args;
   args.p = p;
-  if (!p.deterministic)
-    args.p.head_group = head_group_in_grid(
-        backward_head_group(p.batch, p.heads_kv, p.group, p.seqlen_q, p.seqlen_k, kD, p.window_left, p.window_right),
-        int64_t(p.batch) * p.heads_kv, backward_key_blocks<C::kN>(p));
+  args.p.head_group = backward_launch_head_group(p, kD, backward_key_blocks<C::kN>(p));
   constexpr bool kBf16 = std::is_same_v<T, bf16>;
   FA_TRY(make_operand_map(&args.q, p.q, p, Side::queries, kBf16, C::kM));
   FA_TRY(make_operand_map(&args.dout, p.dout, p, Side::queries, kBf16, C::kM));
