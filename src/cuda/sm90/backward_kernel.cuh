@@ -54,7 +54,7 @@ struct BackwardConfig {
   static_assert(kN == 128 && (kM == 64 || kM == 128), "two consumer warpgroups of 64 keys, 64 or 128 query rows");
   // A consumer's dQ over all keys: d/2 columns of the 64 rows, or all columns of its 64 of 128.
   static constexpr int kDqCols = backward_dq_cols(kD, kGeneral);
-  static constexpr int kDqRounds = 1;  // dQ tiles a consumer hands over per step
+  static constexpr int kDqRounds = backward_dq_rounds(kD);  // dQ tiles a consumer hands over per step
   static constexpr bool kDoApart = backward_do_apart(kD);  // false: dO shares Q's barriers
   __device__ static int dq_row(int wg) { return kM == 128 ? 64 * wg : 0; }
   __device__ static int dq_col(int wg) { return kM == 128 ? 0 : wg * kDqCols; }
@@ -63,15 +63,16 @@ struct BackwardConfig {
   using KTile = SwizzledTile<kN, kD>;   // K and V
   using DsTile = SwizzledTile<kN, kM>;  // dS^T, [key][query]
   using DqTile = SwizzledFloatTile<64, kDqCols>;  // a consumer's dQ: boxes of 32 columns of dq_accum
+  static constexpr int kDqRingBoxes = backward_dq_ring_boxes(kD, kGeneral);
   static constexpr int kVOffset = KTile::kBytes;
   static constexpr int kQOffset = 2 * KTile::kBytes;
   static constexpr int kDoOffset = kQOffset + kStages * QTile::kBytes;
   static constexpr int kDsOffset = kDoOffset + kStages * QTile::kBytes;
   static constexpr int kDqOffset = kDsOffset + 2 * DsTile::kBytes;  // one dQ tile per consumer
   static_assert(kDqOffset % 1024 == 0, "swizzled TMA boxes start on the 1024-byte swizzle period");
-  static constexpr int kRowsOffset = kDqOffset + 2 * DqTile::kBytes;  // [stage][lse2, delta][kM] floats
+  static constexpr int kRowsOffset = kDqOffset + 2 * kDqRingBoxes * DqTile::kBlockBytes;  // [stage][lse2, delta][kM] floats
   static constexpr int kBarrierOffset = kRowsOffset + kStages * 2 * kM * 4;
-  static constexpr int kBarriers = backward_barriers(kStages, kDoApart);
+  static constexpr int kBarriers = backward_barriers(kStages, kDoApart, kDqRingBoxes);
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
   static_assert(kSmemBytes == backward_smem_bytes(kD, kGeneral), "the host reads the same size");
   // Register budgets after reallocation: setmaxnreg moves registers inside the block's launch
@@ -93,33 +94,48 @@ constexpr int kTurnBarrier = 5;
 // C: the kernel's config (its stages and whether dO has barriers of its own).
 template <typename C>
 struct BackwardBarriers {
-  static constexpr int kStages = C::kStages;
-  static_assert(C::kBarriers == 1 + 2 * kStages + 4 + (C::kDoApart ? 2 * kStages : 0),
+  static constexpr int kStages = C::kStages, kBoxes = C::kDqRingBoxes;
+  static_assert(C::kBarriers == 1 + 2 * kStages + 2 + 2 * kBoxes + (C::kDoApart ? 2 * kStages : 0),
                 "the layout below fills the config's barriers");
   uint32_t base;
   __device__ uint32_t kv_full() const { return base; }  // K and V, loaded once
   // Q, the rows (a warp) and, unless C::kDoApart, dO.
   __device__ uint32_t full(int s) const { return base + 8 * (1 + s); }
   __device__ uint32_t empty(int s) const { return base + 8 * (1 + kStages + s); }
-  // Consumer wg's dQ buffer.
+  // Consumer wg's dQ tiles (written), and the boxes of its dQ ring (read by TMA).
   __device__ uint32_t dq_full(int wg) const { return base + 8 * (1 + 2 * kStages + wg); }
-  __device__ uint32_t dq_empty(int wg) const { return base + 8 * (3 + 2 * kStages + wg); }
+  __device__ uint32_t dq_empty(int wg, int box) const { return base + 8 * (3 + 2 * kStages + wg * kBoxes + box); }
   // C::kDoApart: dO of stage s, so that S^T = K Q^T can start while dO lands.
   __device__ uint32_t do_full(int s) const {
     static_assert(C::kDoApart, "dO shares Q's barriers in this kernel");
-    return base + 8 * (5 + 2 * kStages + s);
+    return base + 8 * (3 + 2 * kStages + 2 * kBoxes + s);
   }
   __device__ uint32_t do_empty(int s) const {
     static_assert(C::kDoApart, "dO shares Q's barriers in this kernel");
-    return base + 8 * (5 + 3 * kStages + s);
+    return base + 8 * (3 + 3 * kStages + 2 * kBoxes + s);
   }
 };
 
-// Consumer wg's dQ buffer, of C::DqTile.
+// The dQ tile a consumer hands over after `handed` others (round r of its step) sits in its ring
+// (backward_dq_ring_boxes) from box kDqRounds - 1 - r on; its box x is ring box kDqRounds - 1 - r + x.
 template <typename C>
-__device__ __forceinline__ uint32_t dq_buffer(uint32_t smem, int wg) {
-  return smem + C::kDqOffset + wg * C::DqTile::kBytes;
-}
+struct DqRingTile {
+  static constexpr int kBoxes = C::DqTile::kBytes / C::DqTile::kBlockBytes, kRounds = C::kDqRounds;
+  static_assert(kBoxes + kRounds - 1 == C::kDqRingBoxes, "the ring holds the rounds' tiles");
+  int step, round;
+
+  __device__ explicit DqRingTile(int handed) : step(handed / kRounds), round(handed % kRounds) {}
+  __device__ int first_box() const { return kRounds - 1 - round; }
+  __device__ uint32_t address(uint32_t smem, int wg) const {
+    return smem + C::kDqOffset + (wg * C::kDqRingBoxes + first_box()) * C::DqTile::kBlockBytes;
+  }
+  // The parity of ring box first_box() + x's uses before this one: the rounds [lo, hi] of a step
+  // use it, each once.
+  __device__ uint32_t parity(int x) const {
+    const int box = first_box() + x, lo = max(0, kRounds - 1 - box), hi = min(kRounds - 1, kRounds + kBoxes - 2 - box);
+    return uint32_t(step * (hi - lo + 1) + round - lo) & 1u;
+  }
+};
 
 // What a block does for key block n: which keys, and which (head, query block) steps see them.
 // The steps walk each head of the GQA group over the query blocks that see the keys: from the
@@ -276,8 +292,9 @@ __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, i
   const KernelParams& p = args.p;
   if (w.steps() == 0) return;
   tma_prefetch_map(args.dq_accum);
-  const uint32_t tile = dq_buffer<C>(smem, wg);
   constexpr int kRoundCols = C::kDqCols / C::kDqRounds;  // dQ columns of one handed-over tile
+  constexpr int kBoxes = DqRingTile<C>::kBoxes;
+  static_assert(kBoxes <= 2, "bulk_wait_read below counts up to two groups");
   // Only head dims the host may give two chains compile them (registers: the wide kernel's
   // producer spills with them).
   constexpr bool kChains = backward_dq_chains(C::kD, false, INT64_MAX) > 1;
@@ -302,15 +319,24 @@ __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, i
     int* turn = turns + backward_dq_turn(p.rows_q, p.batch, 0, C::kM, 0, h, m, 0);
 #pragma unroll 1
     for (int r = 0; r < C::kDqRounds; ++r) {
-      mbarrier_wait(bars.dq_full(wg), uint32_t(s * C::kDqRounds + r) & 1u);  // the block's tile s kDqRounds + r
+      const DqRingTile<C> tile(s * C::kDqRounds + r);  // the block's tile s kDqRounds + r
+      mbarrier_wait(bars.dq_full(wg), uint32_t(s * C::kDqRounds + r) & 1u);
       if (r == 0 && m >= after_begin && m < after_end) wait_for_turn(turn, n + chains);
+      const uint32_t boxes = tile.address(smem, wg);
 #pragma unroll
-      for (int box = 0; box < kRoundCols / 32; ++box)
-        tma_reduce_add_3d(args.dq_accum, tile + box * C::DqTile::kBlockBytes, C::dq_col(wg) + r * kRoundCols + 32 * box,
+      for (int x = 0; x < kBoxes; ++x) {  // a bulk group per box
+        tma_reduce_add_3d(args.dq_accum, boxes + x * C::DqTile::kBlockBytes, C::dq_col(wg) + r * kRoundCols + 32 * x,
                           h, row0 + m * C::kM + C::dq_row(wg));
-      bulk_commit();
-      bulk_wait_read<0>();  // TMA has read the tile: the consumer may refill it
-      mbarrier_arrive(bars.dq_empty(wg));
+        bulk_commit();
+      }
+#pragma unroll
+      for (int x = 0; x < kBoxes; ++x) {  // each box back to the consumer once TMA has read it
+        if (kBoxes - 1 - x == 1)
+          bulk_wait_read<1>();
+        else
+          bulk_wait_read<0>();
+        mbarrier_arrive(bars.dq_empty(wg, tile.first_box() + x));
+      }
       if (p.deterministic && r == C::kDqRounds - 1) {  // the tile's next adder waits for ours to land
         bulk_wait<0>();
         pass_turn(turn, n);
@@ -380,34 +406,58 @@ __device__ __forceinline__ void to_score_gradients(const float (&pt)[kTiles][4],
     }
 }
 
+// The offsets store_dq_tile uses: groups j and j + 1 of row r + 8 half in box x sit at the first
+// pair's offset of row r, with bit 4 flipped when j % 4 == 2, plus x boxes and 8 half rows (the
+// swizzle XORs the 16-byte chunk index with the row % 8 that rows r and r + 8 share).
+template <typename DqTile>
+constexpr bool dq_store_offsets_follow() {
+  for (int row = 0; row + 8 < 64; ++row)
+    for (int q = 0; q < 4; ++q)
+      for (int j = 0; j < DqTile::kBytes / DqTile::kBlockBytes * 4; j += 2)
+        for (int half = 0; half < 2; ++half) {
+          const uint32_t first = DqTile::offset(row, dq_fragment_position(2 * q));
+          if (DqTile::offset(row + 8 * half, dq_fragment_position(8 * j + 2 * q)) !=
+              (first ^ ((j % 4) / 2 * 16)) + (j / 4) * DqTile::kBlockBytes + half * 8 * 128)
+            return false;
+        }
+  return true;
+}
+
 // A consumer's fp32 dQ accumulators (kCols columns, in fragment order: dq_fragment_position) into
-// its shared buffer at `tile`, once its producer thread's TMA has read what the buffer held
-// (`handed`: tiles handed over before). The caller announces the tile (announce_dq_tile) after a
-// proxy fence, which it may share.
-template <typename DqTile, int kCols, typename C>
-__device__ __forceinline__ void store_dq_tile(const float (&dq)[kCols / 8][4], uint32_t tile,
+// its dQ ring as the tile handed over after `handed` others, each 32-column box once its producer
+// thread's TMA has read what that ring box held. The caller announces the tile (announce_dq_tile)
+// after a proxy fence, which it may share.
+template <typename C, int kCols>
+__device__ __forceinline__ void store_dq_tile(const float (&dq)[kCols / 8][4], uint32_t smem,
                                               const BackwardBarriers<C>& bars, int wg, int handed) {
-  mbarrier_wait(bars.dq_empty(wg), (uint32_t(handed) & 1u) ^ 1u);
+  using DqTile = typename C::DqTile;
+  static_assert(kCols == DqTile::kBytes / DqTile::kBlockBytes * 32, "the tile's whole 32-column boxes");
+  static_assert(dq_store_offsets_follow<DqTile>(), "the store's offsets below");
+  const DqRingTile<C> ring_tile(handed);
+  const uint32_t tile = ring_tile.address(smem, wg);
   const int lane = threadIdx.x % 32, row = 16 * ((threadIdx.x % 128) / 32) + lane / 4;
-  static_assert(kCols % 32 == 0, "whole 32-column blocks");
+  // The thread's first 16 bytes; the others differ by constants and one bit (one register).
+  const uint32_t first = DqTile::offset(row, dq_fragment_position(2 * (lane % 4)));
 #pragma unroll
-  for (int j = 0; j < kCols / 8; j += 2)  // groups j and j + 1: 16 contiguous bytes in fragment order
+  for (int j = 0; j < kCols / 8; j += 2) {  // groups j and j + 1: 16 contiguous bytes in fragment order
+    if (j % 4 == 0) mbarrier_wait(bars.dq_empty(wg, ring_tile.first_box() + j / 4), ring_tile.parity(j / 4) ^ 1u);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int at = dq_fragment_position(8 * j + 2 * (lane % 4));
-      asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(tile + DqTile::offset(row + 8 * half, at)),
-                   "f"(dq[j][2 * half]), "f"(dq[j][2 * half + 1]), "f"(dq[j + 1][2 * half]), "f"(dq[j + 1][2 * half + 1]));
+      const uint32_t at = (first ^ ((j % 4) / 2 * 16)) + (j / 4) * DqTile::kBlockBytes + half * 8 * 128;
+      asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(tile + at), "f"(dq[j][2 * half]),
+                   "f"(dq[j][2 * half + 1]), "f"(dq[j + 1][2 * half]), "f"(dq[j + 1][2 * half + 1]));
     }
+  }
 }
 // Every thread, after a proxy fence that follows its stores: its part of the tile is written.
 template <typename C>
 __device__ __forceinline__ void announce_dq_tile(const BackwardBarriers<C>& bars, int wg) {
   mbarrier_arrive(bars.dq_full(wg));
 }
-template <typename DqTile, int kCols, typename C>
-__device__ __forceinline__ void hand_over_dq_tile(const float (&dq)[kCols / 8][4], uint32_t tile,
+template <typename C, int kCols>
+__device__ __forceinline__ void hand_over_dq_tile(const float (&dq)[kCols / 8][4], uint32_t smem,
                                                   const BackwardBarriers<C>& bars, int wg, int handed) {
-  store_dq_tile<DqTile, kCols>(dq, tile, bars, wg, handed);
+  store_dq_tile<C, kCols>(dq, smem, bars, wg, handed);
   fence_async_shared();  // the writes, before TMA reads them
   announce_dq_tile(bars, wg);
 }
@@ -476,7 +526,8 @@ __device__ __forceinline__ void run_backward_block(const BackwardArgs& args) {
     }
     for (int c = 0; c < 2; ++c) {
       mbarrier_init(bars.dq_full(c), 128);  // the consumer's threads
-      mbarrier_init(bars.dq_empty(c), 1);   // its producer thread, once TMA has read the tile
+      for (int box = 0; box < C::kDqRingBoxes; ++box)
+        mbarrier_init(bars.dq_empty(c, box), 1);  // its producer thread, once TMA has read the box
     }
     mbarrier_init_fence();
   }
@@ -600,7 +651,7 @@ struct BackwardConsumer {
       pass_turn();
       finish_step(slot.stage);
       fence_registers(flat<C::kDqCols>(dq));
-      store_dq_tile<typename C::DqTile, C::kDqCols>(dq, dq_tile(), bars, wg, s - 1);
+      store_dq_tile<C, C::kDqCols>(dq, smem, bars, wg, s - 1);
     } else {
       pass_turn();
       finish_step(slot.stage);
@@ -646,10 +697,9 @@ struct BackwardConsumer {
     hand_over_dq(dq, s);
   }
 
-  // This warpgroup's shared dQ boxes; the dQ tile of step s handed over through them.
-  __device__ uint32_t dq_tile() const { return dq_buffer<C>(smem, wg); }
+  // The dQ tile of step s, handed over through this warpgroup's dQ ring.
   __device__ void hand_over_dq(const float (&dq)[C::kDqCols / 8][4], int s) const {
-    hand_over_dq_tile<typename C::DqTile, C::kDqCols>(dq, dq_tile(), bars, wg, s);
+    hand_over_dq_tile<C, C::kDqCols>(dq, smem, bars, wg, s);
   }
 
   // This thread's dS^T values (A-fragment words) into the [key][query] tile.

@@ -26,14 +26,15 @@ struct WideBackwardConfig {
   static constexpr int kKeys = kN / 2;      // S and dP columns of a consumer
   static constexpr int kCols = kD / 2;      // dK^T and dV^T rows, dQ columns of a consumer
   static constexpr int kDqCols = kCols;
-  static constexpr int kDqRounds = 2;       // dQ tiles of kCols / 2 columns a consumer hands over per step
+  static constexpr int kDqRounds = backward_dq_rounds(kD);  // dQ tiles of kCols / 2 columns a consumer hands over per step
   static constexpr bool kDoApart = backward_do_apart(kD);
   static_assert(kDoApart, "the consumers wait for dO after issuing S");
   static constexpr int kColumnBlocks = kD / 64;
   using QTile = SwizzledTile<kM, kD>;                   // Q and dO
   using KTile = SwizzledTile<kN, kD>;                   // K and V
   using PTile = SwizzledTile<kM, (kN + 63) / 64 * 64>;  // P or dS, [query][key]
-  using DqTile = SwizzledFloatTile<kM, kDqCols / kDqRounds>;
+  using DqTile = SwizzledFloatTile<kM, kDqCols / kDqRounds>;  // a tile handed over: two 32-column boxes
+  static constexpr int kDqRingBoxes = backward_dq_ring_boxes(kD);
   __device__ static int dq_row(int) { return 0; }
   __device__ static int dq_col(int wg) { return wg * kDqCols; }
   static constexpr int kVOffset = KTile::kBytes;
@@ -44,9 +45,9 @@ struct WideBackwardConfig {
   static constexpr int kDqOffset = kDsOffset + PTile::kBytes;
   static_assert(kDqOffset % 1024 == 0, "swizzled TMA boxes start on the 1024-byte swizzle period");
   static_assert(2 * PTile::kBytes == backward_score_tile_bytes(kD), "the host reads the same size");
-  static constexpr int kRowsOffset = kDqOffset + 2 * DqTile::kBytes;  // one dQ buffer per consumer
+  static constexpr int kRowsOffset = kDqOffset + 2 * kDqRingBoxes * DqTile::kBlockBytes;  // a dQ ring per consumer
   static constexpr int kBarrierOffset = kRowsOffset + kStages * 2 * kM * 4;
-  static constexpr int kBarriers = backward_barriers(kStages, kDoApart);
+  static constexpr int kBarriers = backward_barriers(kStages, kDoApart, kDqRingBoxes);
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
   static_assert(kSmemBytes == backward_smem_bytes(kD), "the host reads the same size");
   // 40 / 232 as in the narrow kernel: the dQ reduce thread spills in 24.
@@ -198,9 +199,9 @@ struct WideBackwardConsumer {
       }
   }
 
-  // dQ round r of step s through this consumer's buffer (the block's tile kDqRounds s + r).
+  // dQ round r of step s through this consumer's ring (the block's tile kDqRounds s + r).
   __device__ void hand_over_dq(const float (&dq)[kRoundCols / 8][4], int r, int s) {
-    hand_over_dq_tile<typename C::DqTile, kRoundCols>(dq, dq_buffer<C>(smem, wg), bars, wg, s * C::kDqRounds + r);
+    hand_over_dq_tile<C, kRoundCols>(dq, smem, bars, wg, s * C::kDqRounds + r);
   }
 
   // dK = scale * sum dS^T Q and dV of the valid keys and this consumer's dims. The accumulators

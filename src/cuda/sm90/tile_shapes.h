@@ -163,10 +163,23 @@ constexpr int backward_dq_cols(int head_dim, bool general = false) {
 // +2 to +10%, d = 128 -0.5 to -1.3%.
 constexpr bool backward_do_apart(int head_dim) { return backward_wide(head_dim); }
 
-// The backward's mbarriers: K/V; full and empty per Q/dO stage; dQ full and empty per consumer (one
-// dQ buffer each); with dO apart, dO full and empty per stage.
-constexpr int backward_barriers(int stages, bool do_apart) {
-  return 1 + 2 * stages + 4 + (do_apart ? 2 * stages : 0);
+// dQ tiles a consumer hands over per step: the wide kernel's dQ = dS K runs in two rounds of 64
+// columns (registers), the narrow kernels' in one.
+constexpr int backward_dq_rounds(int head_dim) { return backward_wide(head_dim) ? 2 : 1; }
+
+// A consumer's dQ buffer: a ring of 32-column boxes (64 rows of fp32, 8 KB each), each given back
+// to the consumer once TMA has read it. Round r of R takes the tile's boxes from box R - 1 - r on,
+// so with two rounds of two boxes in three boxes the second round's first box is free, and its
+// second waits only for TMA to read the first round's first box (in one buffer the whole second
+// tile waited for TMA to read all of the first).
+constexpr int backward_dq_ring_boxes(int head_dim, bool general = false) {
+  return backward_dq_cols(head_dim, general) / 32 + backward_dq_rounds(head_dim) - 1;
+}
+
+// The backward's mbarriers: K/V; full and empty per Q/dO stage; dQ full per consumer and empty per
+// consumer and ring box; with dO apart, dO full and empty per stage.
+constexpr int backward_barriers(int stages, bool do_apart, int dq_ring_boxes) {
+  return 1 + 2 * stages + 2 + 2 * dq_ring_boxes + (do_apart ? 2 * stages : 0);
 }
 
 // The two 16-bit score tiles of a step: dS^T of two steps, [key][query] (narrow), or P and dS,
@@ -176,14 +189,13 @@ constexpr int backward_score_tile_bytes(int head_dim, bool general = false) {
   return 2 * 2 * (backward_wide(head_dim) ? s.block_m * ((s.block_n + 63) / 64 * 64) : s.block_n * s.block_m);
 }
 
-// K, V, the Q and dO stages, the score tiles, the 64-row fp32 dQ buffer of each consumer, lse and
-// delta rows per stage, the mbarriers, and 1 KiB of slack for the alignment of the tiles.
+// K, V, the Q and dO stages, the score tiles, the dQ ring of each consumer, lse and delta rows per
+// stage, the mbarriers, and 1 KiB of slack for the alignment of the tiles.
 constexpr int backward_smem_bytes(int head_dim, bool general = false) {
   const BackwardShape s = backward_shape(head_dim, general);
-  const int barriers = backward_barriers(s.stages, backward_do_apart(head_dim));
+  const int barriers = backward_barriers(s.stages, backward_do_apart(head_dim), backward_dq_ring_boxes(head_dim, general));
   return 2 * head_dim * (2 * s.block_n + 2 * s.stages * s.block_m) + backward_score_tile_bytes(head_dim, general) +
-         2 * 4 * backward_dq_cols(head_dim, general) * 64 + 2 * 4 * s.block_m * s.stages + 8 * barriers +
-         1024;
+         2 * backward_dq_ring_boxes(head_dim, general) * 64 * 32 * 4 + 2 * 4 * s.block_m * s.stages + 8 * barriers + 1024;
 }
 
 }  // namespace flashattn::cuda::sm90
