@@ -64,6 +64,7 @@ struct BackwardConfig {
   using DsTile = SwizzledTile<kN, kM>;  // dS^T, [key][query]
   using DqTile = SwizzledFloatTile<64, kDqCols>;  // a consumer's dQ: boxes of 32 columns of dq_accum
   static constexpr int kDqRingBoxes = backward_dq_ring_boxes(kD, kGeneral);
+  static constexpr int kDqBoxesPerPart = backward_dq_boxes_per_part(kD, kGeneral);
   static constexpr int kVOffset = KTile::kBytes;
   static constexpr int kQOffset = 2 * KTile::kBytes;
   static constexpr int kDoOffset = kQOffset + kStages * QTile::kBytes;
@@ -72,7 +73,7 @@ struct BackwardConfig {
   static_assert(kDqOffset % 1024 == 0, "swizzled TMA boxes start on the 1024-byte swizzle period");
   static constexpr int kRowsOffset = kDqOffset + 2 * kDqRingBoxes * DqTile::kBlockBytes;  // [stage][lse2, delta][kM] floats
   static constexpr int kBarrierOffset = kRowsOffset + kStages * 2 * kM * 4;
-  static constexpr int kBarriers = backward_barriers(kStages, kDoApart, kDqRingBoxes);
+  static constexpr int kBarriers = backward_barriers(kStages, kDoApart, kDqRingBoxes / kDqBoxesPerPart);
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
   static_assert(kSmemBytes == backward_smem_bytes(kD, kGeneral), "the host reads the same size");
   // Register budgets after reallocation: setmaxnreg moves registers inside the block's launch
@@ -94,34 +95,37 @@ constexpr int kTurnBarrier = 5;
 // C: the kernel's config (its stages and whether dO has barriers of its own).
 template <typename C>
 struct BackwardBarriers {
-  static constexpr int kStages = C::kStages, kBoxes = C::kDqRingBoxes;
-  static_assert(C::kBarriers == 1 + 2 * kStages + 2 + 2 * kBoxes + (C::kDoApart ? 2 * kStages : 0),
+  static constexpr int kStages = C::kStages, kParts = C::kDqRingBoxes / C::kDqBoxesPerPart;
+  static_assert(C::kBarriers == 1 + 2 * kStages + 2 + 2 * kParts + (C::kDoApart ? 2 * kStages : 0),
                 "the layout below fills the config's barriers");
   uint32_t base;
   __device__ uint32_t kv_full() const { return base; }  // K and V, loaded once
   // Q, the rows (a warp) and, unless C::kDoApart, dO.
   __device__ uint32_t full(int s) const { return base + 8 * (1 + s); }
   __device__ uint32_t empty(int s) const { return base + 8 * (1 + kStages + s); }
-  // Consumer wg's dQ tiles (written), and the boxes of its dQ ring (read by TMA).
+  // Consumer wg's dQ tiles (written), and the parts of its dQ ring (read by TMA).
   __device__ uint32_t dq_full(int wg) const { return base + 8 * (1 + 2 * kStages + wg); }
-  __device__ uint32_t dq_empty(int wg, int box) const { return base + 8 * (3 + 2 * kStages + wg * kBoxes + box); }
+  __device__ uint32_t dq_empty(int wg, int part) const { return base + 8 * (3 + 2 * kStages + wg * kParts + part); }
   // C::kDoApart: dO of stage s, so that S^T = K Q^T can start while dO lands.
   __device__ uint32_t do_full(int s) const {
     static_assert(C::kDoApart, "dO shares Q's barriers in this kernel");
-    return base + 8 * (3 + 2 * kStages + 2 * kBoxes + s);
+    return base + 8 * (3 + 2 * kStages + 2 * kParts + s);
   }
   __device__ uint32_t do_empty(int s) const {
     static_assert(C::kDoApart, "dO shares Q's barriers in this kernel");
-    return base + 8 * (3 + 3 * kStages + 2 * kBoxes + s);
+    return base + 8 * (3 + 3 * kStages + 2 * kParts + s);
   }
 };
 
 // The dQ tile a consumer hands over after `handed` others (round r of its step) sits in its ring
-// (backward_dq_ring_boxes) from box kDqRounds - 1 - r on; its box x is ring box kDqRounds - 1 - r + x.
+// (backward_dq_ring_boxes) from box kDqRounds - 1 - r on; its box x is ring box kDqRounds - 1 - r + x,
+// in part (kDqRounds - 1 - r + x) / kPerPart of the ring.
 template <typename C>
 struct DqRingTile {
   static constexpr int kBoxes = C::DqTile::kBytes / C::DqTile::kBlockBytes, kRounds = C::kDqRounds;
+  static constexpr int kPerPart = C::kDqBoxesPerPart;
   static_assert(kBoxes + kRounds - 1 == C::kDqRingBoxes, "the ring holds the rounds' tiles");
+  static_assert(kPerPart == 1 || (kRounds == 1 && kPerPart == kBoxes), "boxes go back one by one, or whole tiles");
   int step, round;
 
   __device__ explicit DqRingTile(int handed) : step(handed / kRounds), round(handed % kRounds) {}
@@ -129,8 +133,8 @@ struct DqRingTile {
   __device__ uint32_t address(uint32_t smem, int wg) const {
     return smem + C::kDqOffset + (wg * C::kDqRingBoxes + first_box()) * C::DqTile::kBlockBytes;
   }
-  // The parity of ring box first_box() + x's uses before this one: the rounds [lo, hi] of a step
-  // use it, each once.
+  // The parity of ring box first_box() + x's uses (and its part's) before this one: the rounds
+  // [lo, hi] of a step use it, each once.
   __device__ uint32_t parity(int x) const {
     const int box = first_box() + x, lo = max(0, kRounds - 1 - box), hi = min(kRounds - 1, kRounds + kBoxes - 2 - box);
     return uint32_t(step * (hi - lo + 1) + round - lo) & 1u;
@@ -293,8 +297,8 @@ __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, i
   if (w.steps() == 0) return;
   tma_prefetch_map(args.dq_accum);
   constexpr int kRoundCols = C::kDqCols / C::kDqRounds;  // dQ columns of one handed-over tile
-  constexpr int kBoxes = DqRingTile<C>::kBoxes;
-  static_assert(kBoxes <= 2, "bulk_wait_read below counts up to two groups");
+  constexpr int kBoxes = DqRingTile<C>::kBoxes, kPerPart = DqRingTile<C>::kPerPart, kParts = kBoxes / kPerPart;
+  static_assert(kParts <= 2, "bulk_wait_read below counts up to two groups");
   // Only head dims the host may give two chains compile them (registers: the wide kernel's
   // producer spills with them).
   constexpr bool kChains = backward_dq_chains(C::kD, false, INT64_MAX) > 1;
@@ -324,18 +328,18 @@ __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, i
       if (r == 0 && m >= after_begin && m < after_end) wait_for_turn(turn, n + chains);
       const uint32_t boxes = tile.address(smem, wg);
 #pragma unroll
-      for (int x = 0; x < kBoxes; ++x) {  // a bulk group per box
+      for (int x = 0; x < kBoxes; ++x) {  // a bulk group per part
         tma_reduce_add_3d(args.dq_accum, boxes + x * C::DqTile::kBlockBytes, C::dq_col(wg) + r * kRoundCols + 32 * x,
                           h, row0 + m * C::kM + C::dq_row(wg));
-        bulk_commit();
+        if ((x + 1) % kPerPart == 0) bulk_commit();
       }
 #pragma unroll
-      for (int x = 0; x < kBoxes; ++x) {  // each box back to the consumer once TMA has read it
-        if (kBoxes - 1 - x == 1)
+      for (int g = 0; g < kParts; ++g) {  // each part back to the consumer once TMA has read it
+        if (kParts - 1 - g == 1)
           bulk_wait_read<1>();
         else
           bulk_wait_read<0>();
-        mbarrier_arrive(bars.dq_empty(wg, tile.first_box() + x));
+        mbarrier_arrive(bars.dq_empty(wg, (tile.first_box() + g * kPerPart) / kPerPart));
       }
       if (p.deterministic && r == C::kDqRounds - 1) {  // the tile's next adder waits for ours to land
         bulk_wait<0>();
@@ -440,7 +444,10 @@ __device__ __forceinline__ void store_dq_tile(const float (&dq)[kCols / 8][4], u
   const uint32_t first = DqTile::offset(row, dq_fragment_position(2 * (lane % 4)));
 #pragma unroll
   for (int j = 0; j < kCols / 8; j += 2) {  // groups j and j + 1: 16 contiguous bytes in fragment order
-    if (j % 4 == 0) mbarrier_wait(bars.dq_empty(wg, ring_tile.first_box() + j / 4), ring_tile.parity(j / 4) ^ 1u);
+    if (j % (4 * ring_tile.kPerPart) == 0) {
+      const int part = (ring_tile.first_box() + j / 4) / ring_tile.kPerPart;
+      mbarrier_wait(bars.dq_empty(wg, part), ring_tile.parity(j / 4) ^ 1u);
+    }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const uint32_t at = (first ^ ((j % 4) / 2 * 16)) + (j / 4) * DqTile::kBlockBytes + half * 8 * 128;
@@ -526,8 +533,8 @@ __device__ __forceinline__ void run_backward_block(const BackwardArgs& args) {
     }
     for (int c = 0; c < 2; ++c) {
       mbarrier_init(bars.dq_full(c), 128);  // the consumer's threads
-      for (int box = 0; box < C::kDqRingBoxes; ++box)
-        mbarrier_init(bars.dq_empty(c, box), 1);  // its producer thread, once TMA has read the box
+      for (int part = 0; part < C::kDqRingBoxes / C::kDqBoxesPerPart; ++part)
+        mbarrier_init(bars.dq_empty(c, part), 1);  // its producer thread, once TMA has read the part
     }
     mbarrier_init_fence();
   }

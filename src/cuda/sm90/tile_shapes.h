@@ -167,19 +167,27 @@ constexpr bool backward_do_apart(int head_dim) { return backward_wide(head_dim);
 // columns (registers), the narrow kernels' in one.
 constexpr int backward_dq_rounds(int head_dim) { return backward_wide(head_dim) ? 2 : 1; }
 
-// A consumer's dQ buffer: a ring of 32-column boxes (64 rows of fp32, 8 KB each), each given back
-// to the consumer once TMA has read it. Round r of R takes the tile's boxes from box R - 1 - r on,
-// so with two rounds of two boxes in three boxes the second round's first box is free, and its
-// second waits only for TMA to read the first round's first box (in one buffer the whole second
-// tile waited for TMA to read all of the first).
+// A consumer's dQ buffer: a ring of 32-column boxes (64 rows of fp32, 8 KB each), given back to the
+// consumer in parts once TMA has read them. Round r of R takes the tile's boxes from box R - 1 - r
+// on, so with two rounds of two boxes in three boxes, given back box by box, the second round's
+// first box is free and its second waits only for TMA to read the first round's first box (in one
+// buffer the whole second tile waited for TMA to read all of the first: measured on the H200, d =
+// 256 +1 to +3%, deterministic +4 to +7%). With one round a step the tile goes back whole (box by
+// box measured 0 to -1% there).
 constexpr int backward_dq_ring_boxes(int head_dim, bool general = false) {
   return backward_dq_cols(head_dim, general) / 32 + backward_dq_rounds(head_dim) - 1;
 }
+constexpr int backward_dq_boxes_per_part(int head_dim, bool general = false) {
+  return backward_dq_rounds(head_dim) > 1 ? 1 : backward_dq_cols(head_dim, general) / 32;
+}
+constexpr int backward_dq_ring_parts(int head_dim, bool general = false) {
+  return backward_dq_ring_boxes(head_dim, general) / backward_dq_boxes_per_part(head_dim, general);
+}
 
 // The backward's mbarriers: K/V; full and empty per Q/dO stage; dQ full per consumer and empty per
-// consumer and ring box; with dO apart, dO full and empty per stage.
-constexpr int backward_barriers(int stages, bool do_apart, int dq_ring_boxes) {
-  return 1 + 2 * stages + 2 + 2 * dq_ring_boxes + (do_apart ? 2 * stages : 0);
+// consumer and ring part; with dO apart, dO full and empty per stage.
+constexpr int backward_barriers(int stages, bool do_apart, int dq_ring_parts) {
+  return 1 + 2 * stages + 2 + 2 * dq_ring_parts + (do_apart ? 2 * stages : 0);
 }
 
 // The two 16-bit score tiles of a step: dS^T of two steps, [key][query] (narrow), or P and dS,
@@ -193,7 +201,7 @@ constexpr int backward_score_tile_bytes(int head_dim, bool general = false) {
 // stage, the mbarriers, and 1 KiB of slack for the alignment of the tiles.
 constexpr int backward_smem_bytes(int head_dim, bool general = false) {
   const BackwardShape s = backward_shape(head_dim, general);
-  const int barriers = backward_barriers(s.stages, backward_do_apart(head_dim), backward_dq_ring_boxes(head_dim, general));
+  const int barriers = backward_barriers(s.stages, backward_do_apart(head_dim), backward_dq_ring_parts(head_dim, general));
   return 2 * head_dim * (2 * s.block_n + 2 * s.stages * s.block_m) + backward_score_tile_bytes(head_dim, general) +
          2 * backward_dq_ring_boxes(head_dim, general) * 64 * 32 * 4 + 2 * 4 * s.block_m * s.stages + 8 * barriers + 1024;
 }
