@@ -1,6 +1,7 @@
 // The tile order of the persistent sm90 forward (cuda/sm90/tile_shapes.h): every tile exactly
 // once, head-major, a head's query tiles last-first, splits innermost; its choice of tile shape;
-// the shared memory of the sm90 kernels' shapes; and the deterministic backward's turn per dQ tile.
+// the shared memory of the sm90 kernels' shapes and the backward's dQ ring; and the deterministic
+// backward's turn per dQ tile.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,7 +18,11 @@
 namespace {
 
 using flashattn::cuda::KernelParams;
+using flashattn::cuda::sm90::backward_dq_box_parity;
+using flashattn::cuda::sm90::backward_dq_boxes_per_part;
 using flashattn::cuda::sm90::backward_dq_cols;
+using flashattn::cuda::sm90::backward_dq_ring_boxes;
+using flashattn::cuda::sm90::backward_dq_rounds;
 using flashattn::cuda::sm90::backward_interleaves_heads;
 using flashattn::cuda::sm90::backward_key_blocks;
 using flashattn::cuda::backward_block;
@@ -169,6 +174,34 @@ TEST(TileShape, Sm90KernelsFitSharedMemory) {
   EXPECT_EQ(backward_dq_cols(64, true), 32);
   EXPECT_EQ(backward_shape(128).block_m, 64);
   EXPECT_EQ(backward_dq_cols(128), 64);
+}
+
+// A consumer's dQ ring: round r of a step takes the tile's boxes from box rounds - 1 - r on. A
+// box's barrier parity must count its uses so far (a wrong parity deadlocks or overwrites a box
+// TMA still reads), and at d = 256 the second round's first box must be free and its second the
+// first round's first, the box TMA reads first.
+TEST(TileShape, Sm90BackwardDqRingCountsEachBoxsUses) {
+  for (const auto& [rounds, boxes] : {std::pair{1, 1}, std::pair{1, 2}, std::pair{2, 2}, std::pair{3, 2}, std::pair{2, 1}}) {
+    std::vector<int> uses(rounds + boxes - 1, 0);
+    for (int step = 0; step < 7; ++step)
+      for (int round = 0; round < rounds; ++round)
+        for (int x = 0; x < boxes; ++x) {
+          const int box = rounds - 1 - round + x;
+          ASSERT_LT(box, int(uses.size()));
+          EXPECT_EQ(backward_dq_box_parity(rounds, boxes, step, round, box), uint32_t(uses[box] & 1))
+              << rounds << " rounds of " << boxes << " boxes, step " << step << ", round " << round << ", box " << x;
+          ++uses[box];
+        }
+  }
+  EXPECT_EQ(backward_dq_rounds(256), 2);
+  EXPECT_EQ(backward_dq_ring_boxes(256), 3);
+  EXPECT_EQ(backward_dq_boxes_per_part(256), 1);
+  for (int d : {64, 128})
+    for (bool general : {false, true}) {
+      EXPECT_EQ(backward_dq_rounds(d), 1);
+      EXPECT_EQ(backward_dq_ring_boxes(d, general), backward_dq_cols(d, general) / 32) << "d = " << d;
+      EXPECT_EQ(backward_dq_boxes_per_part(d, general), backward_dq_ring_boxes(d, general)) << "one part: the tile";
+    }
 }
 
 // Deterministic mode keeps one turn per (query tile, consumer), backward_dq_turn (the sm80

@@ -69,7 +69,7 @@ struct BackwardConfig {
   static constexpr int kQOffset = 2 * KTile::kBytes;
   static constexpr int kDoOffset = kQOffset + kStages * QTile::kBytes;
   static constexpr int kDsOffset = kDoOffset + kStages * QTile::kBytes;
-  static constexpr int kDqOffset = kDsOffset + 2 * DsTile::kBytes;  // one dQ tile per consumer
+  static constexpr int kDqOffset = kDsOffset + 2 * DsTile::kBytes;  // a dQ ring per consumer
   static_assert(kDqOffset % 1024 == 0, "swizzled TMA boxes start on the 1024-byte swizzle period");
   static constexpr int kRowsOffset = kDqOffset + 2 * kDqRingBoxes * DqTile::kBlockBytes;  // [stage][lse2, delta][kM] floats
   static constexpr int kBarrierOffset = kRowsOffset + kStages * 2 * kM * 4;
@@ -133,12 +133,8 @@ struct DqRingTile {
   __device__ uint32_t address(uint32_t smem, int wg) const {
     return smem + C::kDqOffset + (wg * C::kDqRingBoxes + first_box()) * C::DqTile::kBlockBytes;
   }
-  // The parity of ring box first_box() + x's uses (and its part's) before this one: the rounds
-  // [lo, hi] of a step use it, each once.
-  __device__ uint32_t parity(int x) const {
-    const int box = first_box() + x, lo = max(0, kRounds - 1 - box), hi = min(kRounds - 1, kRounds + kBoxes - 2 - box);
-    return uint32_t(step * (hi - lo + 1) + round - lo) & 1u;
-  }
+  // The parity of ring box first_box() + x's uses (and its part's) before this one.
+  __device__ uint32_t parity(int x) const { return backward_dq_box_parity(kRounds, kBoxes, step, round, first_box() + x); }
 };
 
 // What a block does for key block n: which keys, and which (head, query block) steps see them.

@@ -2,6 +2,7 @@
 // host (split decision, shared-memory size).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/semantics.h"  // FA_HD
@@ -176,6 +177,12 @@ constexpr int backward_dq_rounds(int head_dim) { return backward_wide(head_dim) 
 // box measured 0 to -1% there).
 constexpr int backward_dq_ring_boxes(int head_dim, bool general = false) {
   return backward_dq_cols(head_dim, general) / 32 + backward_dq_rounds(head_dim) - 1;
+}
+// The parity of ring box `box`'s uses before round `round` of step `step` uses it: every step's
+// rounds [lo, hi] use it, each once (boxes: a tile's boxes; rounds: tiles a step).
+constexpr uint32_t backward_dq_box_parity(int rounds, int boxes, int step, int round, int box) {
+  const int lo = std::max(0, rounds - 1 - box), hi = std::min(rounds - 1, rounds + boxes - 2 - box);
+  return uint32_t(step * (hi - lo + 1) + round - lo) & 1u;
 }
 constexpr int backward_dq_boxes_per_part(int head_dim, bool general = false) {
   return backward_dq_rounds(head_dim) > 1 ? 1 : backward_dq_cols(head_dim, general) / 32;
