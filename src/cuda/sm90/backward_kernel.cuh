@@ -65,6 +65,7 @@ struct BackwardConfig {
   using DqTile = SwizzledFloatTile<64, kDqCols>;  // a consumer's dQ: boxes of 32 columns of dq_accum
   static constexpr int kDqRingBoxes = backward_dq_ring_boxes(kD, kGeneral);
   static constexpr int kDqBoxesPerPart = backward_dq_boxes_per_part(kD, kGeneral);
+  static constexpr int kDqRingParts = backward_dq_ring_parts(kD, kGeneral);
   static constexpr int kVOffset = KTile::kBytes;
   static constexpr int kQOffset = 2 * KTile::kBytes;
   static constexpr int kDoOffset = kQOffset + kStages * QTile::kBytes;
@@ -73,7 +74,7 @@ struct BackwardConfig {
   static_assert(kDqOffset % 1024 == 0, "swizzled TMA boxes start on the 1024-byte swizzle period");
   static constexpr int kRowsOffset = kDqOffset + 2 * kDqRingBoxes * DqTile::kBlockBytes;  // [stage][lse2, delta][kM] floats
   static constexpr int kBarrierOffset = kRowsOffset + kStages * 2 * kM * 4;
-  static constexpr int kBarriers = backward_barriers(kStages, kDoApart, kDqRingBoxes / kDqBoxesPerPart);
+  static constexpr int kBarriers = backward_barriers(kStages, kDoApart, kDqRingParts);
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
   static_assert(kSmemBytes == backward_smem_bytes(kD, kGeneral), "the host reads the same size");
   // Register budgets after reallocation: setmaxnreg moves registers inside the block's launch
@@ -95,7 +96,7 @@ constexpr int kTurnBarrier = 5;
 // C: the kernel's config (its stages and whether dO has barriers of its own).
 template <typename C>
 struct BackwardBarriers {
-  static constexpr int kStages = C::kStages, kParts = C::kDqRingBoxes / C::kDqBoxesPerPart;
+  static constexpr int kStages = C::kStages, kParts = C::kDqRingParts;
   static_assert(C::kBarriers == 1 + 2 * kStages + 2 + 2 * kParts + (C::kDoApart ? 2 * kStages : 0),
                 "the layout below fills the config's barriers");
   uint32_t base;
@@ -280,11 +281,11 @@ inline dim3 backward_grid(const KernelParams& p) {
                                            : dim3(n_blocks, unsigned(p.heads_kv), unsigned(p.batch));
 }
 
-// Lane 0 of warp 2 + wg of the producer: adds consumer wg's dQ tile of each step to dq_accum by
-// TMA reduce-add and hands the tile back once TMA has read it. Rows past the sequence carry
-// dS = 0, so their adds (into the next sequence's rows, or dropped past the tensor) add zeros.
-// Deterministic mode waits for the tile's turn and lets its adds complete before passing it on
-// (after handing the tile back, so the consumer's next step does not wait for that). With two
+// Lane 0 of warp 2 + wg of the producer: adds consumer wg's dQ tiles of each step to dq_accum by
+// TMA reduce-add and hands each part of its ring back once TMA has read it. Rows past the sequence
+// carry dS = 0, so their adds (into the next sequence's rows, or dropped past the tensor) add zeros.
+// Deterministic mode waits for the step's turn and lets its adds complete before passing it on
+// (after handing the ring back, so the consumer's next step does not wait for that). With two
 // chains (up to d = 64) key block n adds to copy n % 2 of dq_accum, after key block n + 2.
 template <typename C>
 __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, int b, int hk, int n,
@@ -529,7 +530,7 @@ __device__ __forceinline__ void run_backward_block(const BackwardArgs& args) {
     }
     for (int c = 0; c < 2; ++c) {
       mbarrier_init(bars.dq_full(c), 128);  // the consumer's threads
-      for (int part = 0; part < C::kDqRingBoxes / C::kDqBoxesPerPart; ++part)
+      for (int part = 0; part < C::kDqRingParts; ++part)
         mbarrier_init(bars.dq_empty(c, part), 1);  // its producer thread, once TMA has read the part
     }
     mbarrier_init_fence();

@@ -35,7 +35,7 @@ struct WideBackwardConfig {
   using PTile = SwizzledTile<kM, (kN + 63) / 64 * 64>;  // P or dS, [query][key]
   using DqTile = SwizzledFloatTile<kM, kDqCols / kDqRounds>;  // a tile handed over: two 32-column boxes
   static constexpr int kDqRingBoxes = backward_dq_ring_boxes(kD);
-  static constexpr int kDqBoxesPerPart = backward_dq_boxes_per_part(kD);
+  static constexpr int kDqBoxesPerPart = backward_dq_boxes_per_part(kD), kDqRingParts = backward_dq_ring_parts(kD);
   __device__ static int dq_row(int) { return 0; }
   __device__ static int dq_col(int wg) { return wg * kDqCols; }
   static constexpr int kVOffset = KTile::kBytes;
@@ -48,7 +48,7 @@ struct WideBackwardConfig {
   static_assert(2 * PTile::kBytes == backward_score_tile_bytes(kD), "the host reads the same size");
   static constexpr int kRowsOffset = kDqOffset + 2 * kDqRingBoxes * DqTile::kBlockBytes;  // a dQ ring per consumer
   static constexpr int kBarrierOffset = kRowsOffset + kStages * 2 * kM * 4;
-  static constexpr int kBarriers = backward_barriers(kStages, kDoApart, kDqRingBoxes / kDqBoxesPerPart);
+  static constexpr int kBarriers = backward_barriers(kStages, kDoApart, kDqRingParts);
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
   static_assert(kSmemBytes == backward_smem_bytes(kD), "the host reads the same size");
   // 40 / 232 as in the narrow kernel: the dQ reduce thread spills in 24.

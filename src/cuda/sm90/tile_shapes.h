@@ -173,7 +173,7 @@ constexpr int backward_dq_rounds(int head_dim) { return backward_wide(head_dim) 
 // on, so with two rounds of two boxes in three boxes, given back box by box, the second round's
 // first box is free and its second waits only for TMA to read the first round's first box (in one
 // buffer the whole second tile waited for TMA to read all of the first: measured on the H200, d =
-// 256 +1 to +3%, deterministic +4 to +7%). With one round a step the tile goes back whole (box by
+// 256 +1 to +3%, deterministic +3.5 to +7%). With one round a step the tile goes back whole (box by
 // box measured 0 to -1% there).
 constexpr int backward_dq_ring_boxes(int head_dim, bool general = false) {
   return backward_dq_cols(head_dim, general) / 32 + backward_dq_rounds(head_dim) - 1;
