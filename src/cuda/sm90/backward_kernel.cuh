@@ -320,8 +320,9 @@ __device__ void reduce_dq_tiles(const BackwardArgs& args, const Sequence& seq, i
     int* turn = turns + backward_dq_turn(p.rows_q, p.batch, 0, C::kM, 0, h, m, 0);
 #pragma unroll 1
     for (int r = 0; r < C::kDqRounds; ++r) {
-      const DqRingTile<C> tile(s * C::kDqRounds + r);  // the block's tile s kDqRounds + r
-      mbarrier_wait(bars.dq_full(wg), uint32_t(s * C::kDqRounds + r) & 1u);
+      const int handed = s * C::kDqRounds + r;  // the block's tiles before this one
+      const DqRingTile<C> tile(handed);
+      mbarrier_wait(bars.dq_full(wg), uint32_t(handed) & 1u);
       if (r == 0 && m >= after_begin && m < after_end) wait_for_turn(turn, n + chains);
       const uint32_t boxes = tile.address(smem, wg);
 #pragma unroll
