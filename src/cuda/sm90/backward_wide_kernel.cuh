@@ -128,7 +128,11 @@ struct WideBackwardConsumer {
     fence_registers(flat<kKeys>(sc));
     const ScoreRule rule = ScoreRule::make(p, seq, b, h);
     auto query = [this](int, int e) { return row_of(e); };
-    auto key = [this, j0 = int(w.j0)](int jt, int e) { return j0 + key_of(jt, e); };
+    // The block's first key through an opaque move: each step recomputes the keys of its mask
+    // instead of keeping them (loop invariants) in registers across steps.
+    int j0 = int(w.j0);
+    asm volatile("mov.b32 %0, %0;\n" : "+r"(j0));
+    auto key = [this, j0](int jt, int e) { return j0 + key_of(jt, e); };
     to_probabilities<kGeneral, kM, kN>(sc, rows(), rule, m0, w.j0, query, key);
     wgmma_wait<0>();
     fence_registers(flat<kKeys>(dp));
@@ -147,28 +151,36 @@ struct WideBackwardConsumer {
     wgmma_fence();
     issue_key_gradients(dvt, do_tile(), p_tile());
     issue_key_gradients(dkt, q_tile(), ds_tile());
-    wgmma_wait<1>();
+    // dQ = dS K for this consumer's dims, a round of kRoundCols columns at a time; round 0 is issued
+    // behind dV^T and dK^T, so that the tensor cores have it while this consumer waits for them.
+    float dq[kRoundCols / 8][4];
+    issue_dq_round(dq, 0);
+    wgmma_wait<2>();
     fence_gradients(dvt);
     mbarrier_arrive(bars.do_empty(0));
-    wgmma_wait<0>();
+    wgmma_wait<1>();
     fence_gradients(dkt);
     mbarrier_arrive(bars.empty(0));  // every consumer thread (it also read the step's rows)
+    static_assert(C::kDqRounds == 2, "two rounds");
+    wgmma_wait<0>();
+    fence_registers(flat<kRoundCols>(dq));
+    hand_over_dq(dq, 0, s);
+    issue_dq_round(dq, 1);
+    wgmma_wait<0>();
+    fence_registers(flat<kRoundCols>(dq));
+    hand_over_dq(dq, 1, s);
+  }
 
-    // dQ = dS K for this consumer's dims, a round of kRoundCols columns at a time.
-#pragma unroll 1
-    for (int r = 0; r < C::kDqRounds; ++r) {
-      float dq[kRoundCols / 8][4];
-      wgmma_fence();
+  __device__ void issue_dq_round(float (&dq)[kRoundCols / 8][4], int r) const {
+    using KTile = typename C::KTile;
+    using PTile = typename C::PTile;
+    wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kN / 16; ++kk)
-        WgmmaOp<T, kRoundCols>::template ss<0, 1>(flat<kRoundCols>(dq), k_major_descriptor<PTile>(ds_tile(), 0, kk),
-                                                  n_major_descriptor<KTile>(k_tile(), kk, kCols * wg + kRoundCols * r),
-                                                  kk > 0);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_registers(flat<kRoundCols>(dq));
-      hand_over_dq(dq, r, s);
-    }
+    for (int kk = 0; kk < kN / 16; ++kk)
+      WgmmaOp<T, kRoundCols>::template ss<0, 1>(flat<kRoundCols>(dq), k_major_descriptor<PTile>(ds_tile(), 0, kk),
+                                                n_major_descriptor<KTile>(k_tile(), kk, kCols * wg + kRoundCols * r),
+                                                kk > 0);
+    wgmma_commit();
   }
 
   // acc^T += a^T b for this consumer's dims (dV^T from dO and P, dK^T from Q and dS), one commit group.
