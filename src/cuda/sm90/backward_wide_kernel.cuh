@@ -65,6 +65,7 @@ struct WideBackwardConsumer {
   using C = WideBackwardConfig<T, kD, kGeneral>;
   static constexpr int kM = C::kM, kN = C::kN, kKeys = C::kKeys, kCols = C::kCols;
   static constexpr int kRoundCols = kCols / C::kDqRounds;
+  static_assert(C::kDqRounds == 2, "issue_gradients writes out two dQ rounds");
   static constexpr int kDimTiles = kCols / 64;  // m64 products of dK^T and dV^T
 
   const KernelParams& p;
@@ -144,15 +145,17 @@ struct WideBackwardConsumer {
     store_tile(dp, ds_tile());
     fence_async_shared();
     named_barrier_sync(kWideTilesWritten, 256);
+    issue_gradients(s);
+  }
 
-    // dV^T += dO^T P, then dK^T += Q^T dS, for this consumer's dims. dO is handed back first: dP of
-    // the next step waits for it right after issuing S, while Q's load has the dQ rounds to land
-    // (measured on the H200: +1 to +3% against dK^T first).
+  // The products that read P and dS, for this consumer's dims: dV^T += dO^T P, dK^T += Q^T dS,
+  // and dQ = dS K in rounds of kRoundCols columns. Round 0 is queued behind dV^T and dK^T, so that
+  // the tensor cores have it while this consumer waits for them. dO and Q are handed back as
+  // their products complete (dK^T first measured the same on the H200).
+  __device__ void issue_gradients(int s) {
     wgmma_fence();
     issue_key_gradients(dvt, do_tile(), p_tile());
     issue_key_gradients(dkt, q_tile(), ds_tile());
-    // dQ = dS K for this consumer's dims, a round of kRoundCols columns at a time; round 0 is issued
-    // behind dV^T and dK^T, so that the tensor cores have it while this consumer waits for them.
     float dq[kRoundCols / 8][4];
     issue_dq_round(dq, 0);
     wgmma_wait<2>();
@@ -161,7 +164,6 @@ struct WideBackwardConsumer {
     wgmma_wait<1>();
     fence_gradients(dkt);
     mbarrier_arrive(bars.empty(0));  // every consumer thread (it also read the step's rows)
-    static_assert(C::kDqRounds == 2, "two rounds");
     wgmma_wait<0>();
     fence_registers(flat<kRoundCols>(dq));
     hand_over_dq(dq, 0, s);
