@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <set>
+#include <stdexcept>
 #include <string>
 
 namespace flashattn::test {
@@ -104,8 +105,15 @@ std::vector<NamedCase> cuda_sweep(flashattn_dtype dtype) {
                                             "queries_1000_keys_17_causal", "causal_more_queries", "window_both",
                                             "gqa_4_to_1", "mqa_causal", "varlen_with_empty_sequences",
                                             "softcap_causal", "alibi_per_batch_and_head", "bhsd_padded_gqa_causal"};
+  size_t wide_cases = 0;
   for (NamedCase& c : feature_sweep(dtype, {256}))
-    if (wide_features.count(c.name)) cases.push_back({c.name + "_head_dim_256", std::move(c.spec)});
+    if (wide_features.count(c.name)) {
+      cases.push_back({c.name + "_head_dim_256", std::move(c.spec)});
+      ++wide_cases;
+    }
+  // A renamed feature would drop its d = 256 case without a word.
+  if (wide_cases != wide_features.size())
+    throw std::logic_error("cuda_sweep: a d = 256 feature case names no case of feature_sweep");
   for (NamedCase& c : random_sweep(dtype, head_dims, 16, 11 + uint64_t(dtype))) cases.push_back(std::move(c));
   for (NamedCase& c : cases) {
     c.spec.backend = FLASHATTN_BACKEND_CUDA;

@@ -184,6 +184,8 @@ constexpr uint32_t backward_dq_box_parity(int rounds, int boxes, int step, int r
   const int lo = std::max(0, rounds - 1 - box), hi = std::min(rounds - 1, rounds + boxes - 2 - box);
   return uint32_t(step * (hi - lo + 1) + round - lo) & 1u;
 }
+// A ring part is what the reduce thread gives back at once: a box where a step hands over several
+// tiles, else the whole tile.
 constexpr int backward_dq_boxes_per_part(int head_dim, bool general = false) {
   return backward_dq_rounds(head_dim) > 1 ? 1 : backward_dq_cols(head_dim, general) / 32;
 }
