@@ -14,14 +14,14 @@
 // back to the exact softmax when a row outgrows them (speculative_step). Key blocks are visited
 // last to first, so only the first ones meet the causal diagonal or the end of the keys.
 //
-// Up to d = 128 the grid is persistent (forward_persistent): one block per multiprocessor takes
-// tiles until none is left, the first by its index and the others from a counter (dynamic, so
-// that the long and short tiles of a causal mask or a varlen batch even out). The producer
-// fetches the next tile while the consumers finish the current one, hands them its coordinates
-// and streams its K, V and Q behind the current ones; on 128-row tiles without a score
-// transform the consumers issue the next tile's first S = Q K^T before the current tile's
-// epilogue, so a tile's start and end (latency of the first loads, the epilogue) overlap its
-// neighbours' work.
+// The grid is persistent (forward_persistent; at d = 256 all but the score-transform kernel): one
+// block per multiprocessor takes tiles until none is left, the first by its index and the others
+// from a counter (dynamic, so that the long and short tiles of a causal mask or a varlen batch
+// even out). The producer fetches the next tile while the consumers finish the current one, hands
+// them its coordinates and streams its K, V and Q behind the current ones; on 128-row tiles
+// without a score transform the consumers issue the next tile's first S = Q K^T before the
+// current tile's epilogue, so a tile's start and end (latency of the first loads, the epilogue)
+// overlap its neighbours' work.
 #pragma once
 
 #include <cuda.h>
@@ -48,7 +48,7 @@ struct ForwardArgs {
   KernelParams p;
 };
 
-template <typename T, int kD, bool kTall>
+template <typename T, int kD, bool kTall, bool kGeneral>
 struct ForwardConfig {
   static constexpr ForwardShape kShape = forward_shape(kD, kTall);
   static constexpr int kM = kShape.block_m, kN = kShape.block_n;
@@ -58,13 +58,15 @@ struct ForwardConfig {
   static constexpr int kThreads = 128 * (1 + kConsumers);
   using QTile = SwizzledTile<kM, kD>;
   using KVTile = SwizzledTile<kN, kD>;
-  // Shared memory: Q, K stages, V stages, the O tile (persistent only; otherwise O goes through
-  // Q's tile), then the mbarriers and the tile slots; 1024-byte aligned tiles.
-  static constexpr bool kPersistent = forward_persistent(kD);  // and O staged in a tile of its own
+  // Shared memory: Q, K stages, V stages, the O tile (forward_stages_output; otherwise O goes from
+  // registers to global memory when persistent, through Q's tile when not), then the mbarriers
+  // and the tile slots; 1024-byte aligned tiles.
+  static constexpr bool kPersistent = forward_persistent(kD, kGeneral);
+  static constexpr bool kStagedOutput = kPersistent && forward_stages_output(kD);  // O's tile of its own
   static constexpr int kKOffset = QTile::kBytes;
   static constexpr int kVOffset = kKOffset + kKStages * KVTile::kBytes;
   static constexpr int kOOffset = kVOffset + kVStages * KVTile::kBytes;
-  static constexpr int kBarrierOffset = kOOffset + (kPersistent ? QTile::kBytes : 0);
+  static constexpr int kBarrierOffset = kOOffset + (kStagedOutput ? QTile::kBytes : 0);
   static constexpr int kBarriers = forward_barriers(kKStages, kVStages);
   static constexpr int kTileSlotOffset = kBarrierOffset + 8 * kBarriers;
   static constexpr int kSmemBytes = kTileSlotOffset + forward_tile_slot_bytes() + 1024;  // + slack to align the base
@@ -281,7 +283,7 @@ __device__ void produce(const ForwardArgs& args, uint32_t smem) {
 // One consumer warpgroup: 64 query rows of each tile through every key block of the tile.
 template <typename T, int kD, bool kTall, bool kGeneral>
 struct Consumer {
-  using C = ForwardConfig<T, kD, kTall>;
+  using C = ForwardConfig<T, kD, kTall, kGeneral>;
   static constexpr int kN = C::kN;
   // Lazy rescaling (forward_detail::kLazyGrowthLog2) from d = 128, where the rescale it skips no
   // longer hides among the exponentials (wait_output_rescaled orders them apart); not in the
@@ -595,7 +597,7 @@ struct Consumer {
       reset_rows();
       complete_first(blocks, ring, s, pa, correction);
       run_middle(blocks, ring, s, pa, correction);
-      release(bars.q_empty());  // every S = Q K^T of the tile is done; O is staged in a tile of its own
+      release(bars.q_empty());  // every S = Q K^T of the tile is done; O does not go through Q's tile
       current = slot;
       ring += blocks.end - blocks.begin;
       ++q_loads;
@@ -618,8 +620,8 @@ struct Consumer {
   }
 
   // O / l and lse; then O through this warpgroup's rows of the O tile (or of Q's, then released)
-  // to coalesced 16-byte stores, or fp32 partials straight from registers when the keys are
-  // split.
+  // to coalesced 16-byte stores, or persistent at d = 256 straight from registers (no room for an
+  // O tile), or fp32 partials straight from registers when the keys are split.
   __device__ void finish(const ForwardTile& t) {
     const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
     const int wg_row = 64 * wg, warp_row = wg_row + 16 * ((threadIdx.x % 128) / 32);
@@ -634,6 +636,9 @@ struct Consumer {
     if (p.num_splits > 1) {
       const int64_t head_rows = (int64_t(t.split) * p.heads_q + t.h) * p.rows_q + t.seq.packed_q;
       forward_detail::store_partials(p, head_rows, row0, t.seq.seqlen_q, o, lse);
+    } else if (C::kPersistent && !C::kStagedOutput) {
+      forward_detail::store_lse(p, t.b, t.h, t.seq, row0, lse);
+      store_output_unstaged(t, warp_row);
     } else {
       forward_detail::store_lse(p, t.b, t.h, t.seq, row0, lse);
       Elem* out_rows = operand_row<Elem>(p.out, t.b, t.seq.q_start + t.m0 + wg_row, t.h);
@@ -660,6 +665,45 @@ struct Consumer {
       __syncwarp();
       fence_async_shared();
       release(bars.q_empty());
+    }
+  }
+
+  // Half of a 4 x 4 transpose across a quad (store_output_unstaged): words {0, 1} and {2, 3}
+  // (kMask 2) or {0, 2} and {1, 3} (kMask 1) are the low and high pairs; the lane with the kMask
+  // bit swaps its low pair for its partner's high pair.
+  template <int kMask>
+  static __device__ void quad_exchange(uint32_t (&w)[4], int q) {
+    constexpr int kLo0 = 0, kLo1 = kMask == 2 ? 1 : 2, kHi0 = kMask == 2 ? 2 : 1, kHi1 = 3;
+    const bool upper = (q & kMask) != 0;
+    const uint32_t r0 = __shfl_xor_sync(0xffffffffu, upper ? w[kLo0] : w[kHi0], kMask);
+    const uint32_t r1 = __shfl_xor_sync(0xffffffffu, upper ? w[kLo1] : w[kHi1], kMask);
+    w[kLo0] = upper ? r0 : w[kLo0];
+    w[kLo1] = upper ? r1 : w[kLo1];
+    w[kHi0] = upper ? w[kHi0] : r0;
+    w[kHi1] = upper ? w[kHi1] : r1;
+  }
+  // O from the accumulators to global memory, without staging. Lane q of a quad holds columns
+  // 2q and 2q + 1 of each 8-column chunk of its rows; for four chunks at a time two exchanges give
+  // it all of chunk q, one 16-byte store (where the head dim has it: it may be less than kD).
+  // Every lane takes part in the exchanges; rows past the sequence only skip their stores.
+  __device__ void store_output_unstaged(const ForwardTile& t, int warp_row) const {
+    static_assert(kD % 32 == 0, "whole groups of four chunks");
+    const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = t.m0 + warp_row + g + 8 * half;
+      const bool in_rows = row < t.seq.seqlen_q;
+      Elem* out = operand_row<Elem>(p.out, t.b, t.seq.q_start + (in_rows ? row : 0), t.h) + 8 * q;
+#pragma unroll
+      for (int dt0 = 0; dt0 < kD / 8; dt0 += 4) {
+        uint32_t w[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) w[j] = pack2<T>(o[dt0 + j][2 * half], o[dt0 + j][2 * half + 1]);
+        quad_exchange<2>(w, q);
+        quad_exchange<1>(w, q);
+        if (in_rows && (dt0 + q) * 8 < p.head_dim)
+          *reinterpret_cast<uint4*>(out + dt0 * 8) = make_uint4(w[0], w[1], w[2], w[3]);
+      }
     }
   }
 
@@ -691,7 +735,7 @@ struct Consumer {
 // One consumer warpgroup: its block's tile, or (persistent) the tiles the producer publishes.
 template <typename T, int kD, bool kTall, bool kGeneral>
 __device__ void consume(const KernelParams& p, uint32_t smem, int wg) {
-  using C = ForwardConfig<T, kD, kTall>;
+  using C = ForwardConfig<T, kD, kTall, kGeneral>;
   Consumer<T, kD, kTall, kGeneral> consumer{p, smem, Barriers<C::kKStages, C::kVStages>{smem + C::kBarrierOffset}, wg};
   if constexpr (C::kPersistent) {
     consumer.run_tiles();
@@ -712,9 +756,9 @@ __device__ void consume(const KernelParams& p, uint32_t smem, int wg) {
 
 // kGeneral: scores need ScoreRule::transform (softcap, ALiBi, non-positive scale).
 template <typename T, int kD, bool kTall, bool kGeneral>
-__global__ void __launch_bounds__(ForwardConfig<T, kD, kTall>::kThreads, 1)
+__global__ void __launch_bounds__(ForwardConfig<T, kD, kTall, kGeneral>::kThreads, 1)
     forward_kernel(const __grid_constant__ ForwardArgs args) {
-  using C = ForwardConfig<T, kD, kTall>;
+  using C = ForwardConfig<T, kD, kTall, kGeneral>;
   const KernelParams& p = args.p;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t smem = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;

@@ -12,23 +12,13 @@
 
 namespace flashattn::cuda::sm90 {
 
-template <typename T, int kD, bool kTall>
-Status launch_forward_shape(const KernelParams& p, cudaStream_t stream) {
-  using C = ForwardConfig<T, kD, kTall>;
-  ForwardArgs args;
-  args.p = p;
-  args.p.head_group =
-      forward_head_group(p.batch, p.heads_q, p.group, p.seqlen_k, kD, p.window_left, p.window_right);
-  constexpr bool kBf16 = std::is_same_v<T, bf16>;
-  FA_TRY(make_operand_map(&args.q, p.q, p, Side::queries, kBf16, C::kM));
-  FA_TRY(make_operand_map(&args.k, p.k, p, Side::keys, kBf16, C::kN));
-  FA_TRY(make_operand_map(&args.v, p.v, p, Side::keys, kBf16, C::kN));
-  const auto kernel =
-      ScoreRule::is_general(p) ? forward_kernel<T, kD, kTall, true> : forward_kernel<T, kD, kTall, false>;
+// One block per tile, or (persistent) one per multiprocessor, or per tile if fewer, with the tile
+// counter zeroed.
+template <typename C>
+Status launch_forward_kernel(void (*kernel)(ForwardArgs), const ForwardArgs& args, cudaStream_t stream) {
+  const KernelParams& p = args.p;
   FA_TRY(device_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes),
                        "cudaFuncSetAttribute(sm90 forward_kernel)"));
-  // Persistent: one block per multiprocessor (or per tile, if fewer), the tile counter zeroed;
-  // otherwise one block per tile.
   const int64_t tiles = forward_tiles(p.batch, p.heads_q, p.seqlen_q, p.num_splits, C::kM);
   if (tiles == 0) return Status::ok();
   int blocks = int(tiles);
@@ -39,7 +29,26 @@ Status launch_forward_shape(const KernelParams& p, cudaStream_t stream) {
     FA_TRY(device_status(cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream), "cudaMemsetAsync(tile_counter)"));
   }
   kernel<<<blocks, C::kThreads, C::kSmemBytes, stream>>>(args);
-  FA_TRY(device_status(cudaGetLastError(), "sm90 forward_kernel launch"));
+  return device_status(cudaGetLastError(), "sm90 forward_kernel launch");
+}
+
+template <typename T, int kD, bool kTall>
+Status launch_forward_shape(const KernelParams& p, cudaStream_t stream) {
+  using C = ForwardConfig<T, kD, kTall, false>;
+  ForwardArgs args;
+  args.p = p;
+  args.p.head_group =
+      forward_head_group(p.batch, p.heads_q, p.group, p.seqlen_k, kD, p.window_left, p.window_right);
+  constexpr bool kBf16 = std::is_same_v<T, bf16>;
+  FA_TRY(make_operand_map(&args.q, p.q, p, Side::queries, kBf16, C::kM));
+  FA_TRY(make_operand_map(&args.k, p.k, p, Side::keys, kBf16, C::kN));
+  FA_TRY(make_operand_map(&args.v, p.v, p, Side::keys, kBf16, C::kN));
+  if (ScoreRule::is_general(p)) {
+    using General = ForwardConfig<T, kD, kTall, true>;
+    FA_TRY(launch_forward_kernel<General>(forward_kernel<T, kD, kTall, true>, args, stream));
+  } else {
+    FA_TRY(launch_forward_kernel<C>(forward_kernel<T, kD, kTall, false>, args, stream));
+  }
   if (p.num_splits > 1) return launch_combine<T>(p, kD, stream);
   return Status::ok();
 }

@@ -67,12 +67,15 @@ constexpr ForwardTileCoordinates forward_tile_at(int index, int heads_q, int hea
 
 constexpr int64_t kMaxForwardTiles = (int64_t(1) << 31) - (int64_t(1) << 20);  // room for the grid past the last
 
-// Up to d = 128 the forward is persistent (one block per multiprocessor takes tiles from a
-// counter) and stages O in a tile of its own, so that the next tile's Q can land while this
-// tile's output is written. Above, the output accumulators (d / 2 registers a thread) leave no
-// room for the loop's state, nor shared memory for an O tile: one tile per block, O through Q's
-// tile.
-constexpr bool forward_persistent(int head_dim) { return head_dim <= 128; }
+// The forward is persistent: one block per multiprocessor takes tiles from a counter. Up to
+// d = 128 it stages O in a tile of its own, so that the next tile's Q can land while this tile's
+// output is written; above, shared memory holds Q and two 80-key K/V stages and nothing more, so
+// the consumers write O straight from their registers (forward_stages_output; measured on the
+// H200 against one tile per block: +2 to +5% at 1k and 2k keys, within +-1.5% from 4k; with
+// 4-byte stores instead of 16-byte ones, -1 to -6%). There the score-transform kernel (`general`)
+// takes one tile per block: its transform's registers beside the tile loop's state would spill.
+constexpr bool forward_persistent(int head_dim, bool general) { return head_dim <= 128 || !general; }
+constexpr bool forward_stages_output(int head_dim) { return head_dim <= 128; }
 
 // The persistent forward's tile slots: the producer describes each tile it starts in slot
 // j % kForwardTileSlots (64 bytes, room to spare), which the consumers read when they begin the
@@ -87,12 +90,12 @@ constexpr int forward_barriers(int k_stages, int v_stages) {
   return 2 + 2 * k_stages + 2 * v_stages + 2 * kForwardTileSlots;
 }
 
-// Dynamic shared memory of the forward: Q, the K and V stages, the O tile (forward_persistent),
+// Dynamic shared memory of the forward: Q, the K and V stages, the O tile (forward_stages_output),
 // the mbarriers, the tile slots, and 1 KiB of slack to align the tiles to the 1024-byte period of
 // the swizzle.
 constexpr int forward_smem_bytes(int head_dim, bool tall) {
   const ForwardShape s = forward_shape(head_dim, tall);
-  const int output = forward_persistent(head_dim) ? 2 * head_dim * s.block_m : 0;
+  const int output = forward_stages_output(head_dim) ? 2 * head_dim * s.block_m : 0;
   return 2 * head_dim * (s.block_m + (s.k_stages + s.v_stages) * s.block_n) + output +
          8 * forward_barriers(s.k_stages, s.v_stages) + forward_tile_slot_bytes() + 1024;
 }
