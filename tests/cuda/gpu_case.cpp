@@ -99,12 +99,25 @@ std::vector<NamedCase> cuda_sweep(flashattn_dtype dtype) {
   // 64 first (the default of the feature cases); 40 and 72 round up to 64 and 96.
   const std::vector<int> head_dims{64, 40, 72, 96, 128, 192, 256};
   std::vector<NamedCase> cases = feature_sweep(dtype, head_dims);
-  // The sm_90a backward at d = 256 is a kernel of its own (80-key blocks, products turned): the
-  // features whose blocks it walks or masks on paths of its own, again at d = 256.
-  const std::set<std::string> wide_features{"square_17", "long_1000_causal", "long_1000_window",
-                                            "queries_1000_keys_17_causal", "causal_more_queries", "window_both",
-                                            "gqa_4_to_1", "mqa_causal", "varlen_with_empty_sequences",
-                                            "softcap_causal", "alibi_per_batch_and_head", "bhsd_padded_gqa_causal"};
+  // The sm_90a backward at d = 256 is a kernel of its own (80-key blocks, products turned), and
+  // the d = 256 forward writes O from its registers: the features whose blocks they walk, mask or
+  // store on paths of their own, again at d = 256 (the many-tile cases: the persistent forward's
+  // tile loop, with tiles without keys and partial varlen tiles).
+  const std::set<std::string> wide_features{"square_17",
+                                            "long_1000_causal",
+                                            "long_1000_window",
+                                            "queries_1000_keys_17_causal",
+                                            "causal_more_queries",
+                                            "window_both",
+                                            "gqa_4_to_1",
+                                            "mqa_causal",
+                                            "varlen_with_empty_sequences",
+                                            "softcap_causal",
+                                            "alibi_per_batch_and_head",
+                                            "bhsd_padded_gqa_causal",
+                                            "many_tiles_causal_gqa",
+                                            "many_tiles_keyless_rows",
+                                            "varlen_many_tiles_causal"};
   size_t wide_cases = 0;
   for (NamedCase& c : feature_sweep(dtype, {256}))
     if (wide_features.count(c.name)) {
