@@ -71,8 +71,8 @@ constexpr int64_t kMaxForwardTiles = (int64_t(1) << 31) - (int64_t(1) << 20);  /
 // d = 128 it stages O in a tile of its own, so that the next tile's Q can land while this tile's
 // output is written; above, shared memory holds Q and two 80-key K/V stages and nothing more, so
 // the consumers write O straight from their registers (forward_stages_output; measured on the
-// H200 against one tile per block: +2 to +5% at 1k and 2k keys, within +-1.5% from 4k; with
-// 4-byte stores instead of 16-byte ones, -1 to -6%). There the score-transform kernel (`general`)
+// H200 against one tile per block: +1.5 to +5.5% at 1k and 2k keys, -0.7 to +1.5% from 4k; with
+// 4-byte stores instead of 16-byte ones, -0.5 to -6%). There the score-transform kernel (`general`)
 // takes one tile per block: its transform's registers beside the tile loop's state would spill.
 constexpr bool forward_persistent(int head_dim, bool general) { return head_dim <= 128 || !general; }
 constexpr bool forward_stages_output(int head_dim) { return head_dim <= 128; }
