@@ -636,28 +636,30 @@ struct Consumer {
     if (p.num_splits > 1) {
       const int64_t head_rows = (int64_t(t.split) * p.heads_q + t.h) * p.rows_q + t.seq.packed_q;
       forward_detail::store_partials(p, head_rows, row0, t.seq.seqlen_q, o, lse);
-    } else if (C::kPersistent && !C::kStagedOutput) {
-      forward_detail::store_lse(p, t.b, t.h, t.seq, row0, lse);
-      store_output_unstaged(t, warp_row);
     } else {
       forward_detail::store_lse(p, t.b, t.h, t.seq, row0, lse);
-      Elem* out_rows = operand_row<Elem>(p.out, t.b, t.seq.q_start + t.m0 + wg_row, t.h);
-      const uint32_t staging = smem + (C::kPersistent ? C::kOOffset : 0);
-      unsigned char* tile = reinterpret_cast<unsigned char*>(__cvta_shared_to_generic(staging));
-      named_barrier_sync(C::kEpilogueBarrier + wg, 128);  // the previous tile's stores have read the tile
+      if (C::kPersistent && !C::kStagedOutput) {
+        store_output_unstaged(t, warp_row);
+      } else {
+        Elem* out_rows = operand_row<Elem>(p.out, t.b, t.seq.q_start + t.m0 + wg_row, t.h);
+        const uint32_t staging = smem + (C::kPersistent ? C::kOOffset : 0);
+        unsigned char* tile = reinterpret_cast<unsigned char*>(__cvta_shared_to_generic(staging));
+        // The previous tile's stores have read the tile.
+        named_barrier_sync(C::kEpilogueBarrier + wg, 128);
 #pragma unroll
-      for (int dt = 0; dt < kD / 8; ++dt)
+        for (int dt = 0; dt < kD / 8; ++dt)
 #pragma unroll
-        for (int half = 0; half < 2; ++half)
-          *reinterpret_cast<uint32_t*>(tile + QTile::offset(warp_row + g + 8 * half, dt * 8 + 2 * q)) =
-              pack2<T>(o[dt][2 * half], o[dt][2 * half + 1]);
-      named_barrier_sync(C::kEpilogueBarrier + wg, 128);
+          for (int half = 0; half < 2; ++half)
+            *reinterpret_cast<uint32_t*>(tile + QTile::offset(warp_row + g + 8 * half, dt * 8 + 2 * q)) =
+                pack2<T>(o[dt][2 * half], o[dt][2 * half + 1]);
+        named_barrier_sync(C::kEpilogueBarrier + wg, 128);
 #pragma unroll 4
-      for (int c = threadIdx.x % 128; c < 64 * kChunksPerRow; c += 128) {
-        const int row = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
-        if (t.m0 + wg_row + row < t.seq.seqlen_q && col < p.head_dim)
-          *reinterpret_cast<uint4*>(out_rows + row * p.out.row + col) =
-              *reinterpret_cast<const uint4*>(tile + QTile::offset(wg_row + row, col));
+        for (int c = threadIdx.x % 128; c < 64 * kChunksPerRow; c += 128) {
+          const int row = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+          if (t.m0 + wg_row + row < t.seq.seqlen_q && col < p.head_dim)
+            *reinterpret_cast<uint4*>(out_rows + row * p.out.row + col) =
+                *reinterpret_cast<const uint4*>(tile + QTile::offset(wg_row + row, col));
+        }
       }
     }
     if (!C::kPersistent) {
