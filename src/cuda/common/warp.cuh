@@ -15,36 +15,27 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 1);
 }
 
-// Rotates x left by `amount` (0..3, may differ per lane) without dynamic register indexing.
-__device__ __forceinline__ void rotate4(uint32_t (&x)[4], int amount) {
-  if (amount & 1) {
-    const uint32_t first = x[0];
-    x[0] = x[1]; x[1] = x[2]; x[2] = x[3]; x[3] = first;
-  }
-  if (amount & 2) {
-    uint32_t t0 = x[0], t1 = x[1];
-    x[0] = x[2]; x[1] = x[3]; x[2] = t0; x[3] = t1;
-  }
+// Half of a 4 x 4 transpose across the quad: words {0, 1} and {2, 3} (kMask 2) or {0, 2} and
+// {1, 3} (kMask 1) are the low and high pairs; the lane with the kMask bit swaps its low pair for
+// its partner's high pair. Selects, not dynamic register indexing, pick what goes out.
+template <int kMask>
+__device__ __forceinline__ void quad_swap_pairs(uint32_t (&x)[4], int t) {
+  constexpr int kLo0 = 0, kLo1 = kMask == 2 ? 1 : 2, kHi0 = kMask == 2 ? 2 : 1, kHi1 = 3;
+  const bool upper = (t & kMask) != 0;
+  const uint32_t r0 = __shfl_xor_sync(0xffffffffu, upper ? x[kLo0] : x[kHi0], kMask);
+  const uint32_t r1 = __shfl_xor_sync(0xffffffffu, upper ? x[kLo1] : x[kHi1], kMask);
+  x[kLo0] = upper ? r0 : x[kLo0];
+  x[kLo1] = upper ? r1 : x[kLo1];
+  x[kHi0] = upper ? x[kHi0] : r0;
+  x[kHi1] = upper ? x[kHi1] : r1;
 }
 
 // 4x4 transpose across the quad: afterwards x[s] of lane t is what x[t] of lane s held
-// (s, t = lane % 4 within the quad). Three shuffles and a few selects.
+// (s, t = lane % 4 within the quad). Four xor shuffles: 2 x 2 blocks of pairs, then the pairs.
 __device__ __forceinline__ void quad_transpose(uint32_t (&x)[4]) {
   const int t = threadIdx.x % 4;
-  rotate4(x, t);  // x[k] = original x[(k + t) % 4]
-  uint32_t got[4];
-  got[0] = x[0];  // own word t
-#pragma unroll
-  for (int k = 1; k < 4; ++k) {
-    // From lane s = (t - k) % 4 arrives its x[k] = its original word (k + s) % 4 = t.
-    got[k] = __shfl_sync(0xffffffffu, x[k], (threadIdx.x & ~3u) | ((t - k) & 3));
-  }
-  // Word t of lane s sits in got[(t - s) % 4]: reverse, then rotate by -t.
-  x[0] = got[0];
-  x[1] = got[3];
-  x[2] = got[2];
-  x[3] = got[1];
-  rotate4(x, (4 - t) & 3);  // x[s] = reversed[(s - t) % 4] = got[(t - s) % 4]
+  quad_swap_pairs<2>(x, t);
+  quad_swap_pairs<1>(x, t);
 }
 
 }  // namespace flashattn::cuda

@@ -670,23 +670,9 @@ struct Consumer {
     }
   }
 
-  // Half of a 4 x 4 transpose across a quad (store_output_unstaged): words {0, 1} and {2, 3}
-  // (kMask 2) or {0, 2} and {1, 3} (kMask 1) are the low and high pairs; the lane with the kMask
-  // bit swaps its low pair for its partner's high pair.
-  template <int kMask>
-  static __device__ void quad_exchange(uint32_t (&w)[4], int q) {
-    constexpr int kLo0 = 0, kLo1 = kMask == 2 ? 1 : 2, kHi0 = kMask == 2 ? 2 : 1, kHi1 = 3;
-    const bool upper = (q & kMask) != 0;
-    const uint32_t r0 = __shfl_xor_sync(0xffffffffu, upper ? w[kLo0] : w[kHi0], kMask);
-    const uint32_t r1 = __shfl_xor_sync(0xffffffffu, upper ? w[kLo1] : w[kHi1], kMask);
-    w[kLo0] = upper ? r0 : w[kLo0];
-    w[kLo1] = upper ? r1 : w[kLo1];
-    w[kHi0] = upper ? w[kHi0] : r0;
-    w[kHi1] = upper ? w[kHi1] : r1;
-  }
   // O from the accumulators to global memory, without staging. Lane q of a quad holds columns
   // 2q and 2q + 1 of each 8-column chunk of its rows; for four chunks at a time two exchanges give
-  // it all of chunk q, one 16-byte store (where the head dim has it: it may be less than kD).
+  // it all of chunk q (a quad transpose), one 16-byte store (where the head dim has it: it may be less than kD).
   // Every lane takes part in the exchanges; rows past the sequence only skip their stores.
   __device__ void store_output_unstaged(const ForwardTile& t, int warp_row) const {
     static_assert(kD % 32 == 0, "whole groups of four chunks");
@@ -701,8 +687,7 @@ struct Consumer {
         uint32_t w[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) w[j] = pack2<T>(o[dt0 + j][2 * half], o[dt0 + j][2 * half + 1]);
-        quad_exchange<2>(w, q);
-        quad_exchange<1>(w, q);
+        quad_transpose(w);
         if (in_rows && (dt0 + q) * 8 < p.head_dim)
           *reinterpret_cast<uint4*>(out + dt0 * 8) = make_uint4(w[0], w[1], w[2], w[3]);
       }
