@@ -59,6 +59,8 @@ struct WideBackwardConfig {
 // Named barriers between the two consumers (256 threads): the P and dS tiles are free (both are
 // done reading the last step's), and they are written (both halves).
 constexpr int kWideTilesFree = 1, kWideTilesWritten = 2;
+// Named barriers 3 + w: consumer w's dK and dV are staged (its 128 threads).
+constexpr int kWideStaged = 3;
 
 template <typename T, int kD, bool kGeneral>
 struct WideBackwardConsumer {
@@ -219,15 +221,24 @@ struct WideBackwardConsumer {
     hand_over_dq_tile<C, kRoundCols>(dq, smem, bars, wg, s * C::kDqRounds + r);
   }
 
-  // dK = scale * sum dS^T Q and dV of the valid keys and this consumer's dims. The accumulators
-  // hold dims as rows, a thread two neighbouring keys of a dim; lanes l and l ^ 4 hold neighbouring
-  // dims, so one exchange gives each a pair of dims of one key: lane l the first key, l ^ 4 the
-  // second.
+  // dK = scale * sum dS^T Q and dV of the valid keys and this consumer's dims, staged [key][dim]
+  // in the K and V tiles so that rows go out in coalesced 16-byte stores. This consumer's dims of
+  // both tiles are free once its last products are done: the other one reads K and V only for S
+  // and dP, before the last step's barrier, and only its own dims of K for dQ.
   __device__ void store_dk_dv(const KeyBlockWork& w) const {
-    using Elem = typename T::storage;
-    Elem* dk_rows = operand_row<Elem>(p.dk, b, seq.k_start + w.j0, hk);
-    Elem* dv_rows = operand_row<Elem>(p.dv, b, seq.k_start + w.j0, hk);
-    const bool first = (threadIdx.x / 4) % 2 == 0;  // an even dim: this lane stores the first key
+    stage_gradients(dkt, k_tile(), p.scale);
+    stage_gradients(dvt, v_tile(), 1.f);
+    named_barrier_sync(kWideStaged + wg, 128);
+    copy_out(p.dk, k_tile(), w);
+    copy_out(p.dv, v_tile(), w);
+  }
+
+  // The accumulators hold dims as rows, a thread two neighbouring keys of a dim; lanes l and l ^ 4
+  // hold neighbouring dims, so one exchange gives each a pair of dims of one key (lane l the first
+  // key, l ^ 4 the second): one 4-byte write, the 32 lanes of a warp on 32 banks (8 keys of
+  // swizzled rows, 4 pairs of a 16-byte chunk).
+  __device__ void stage_gradients(const float (&acc)[kDimTiles][kN / 8][4], uint32_t tile, float scale) const {
+    const bool first = (threadIdx.x / 4) % 2 == 0;  // an even dim: this lane stages the first key
 #pragma unroll
     for (int i = 0; i < kDimTiles; ++i)
 #pragma unroll
@@ -236,16 +247,27 @@ struct WideBackwardConsumer {
         for (int half = 0; half < 2; ++half) {
           const int dim = kCols * wg + 64 * i + (row_of(2 * half) & ~1);
           const int key = 8 * jt + 2 * (threadIdx.x % 4) + (first ? 0 : 1);
-          const float* k2 = &dkt[i][jt][2 * half];
-          const float* v2 = &dvt[i][jt][2 * half];
-          const float k_other = __shfl_xor_sync(0xffffffffu, first ? k2[1] : k2[0], 4);
-          const float v_other = __shfl_xor_sync(0xffffffffu, first ? v2[1] : v2[0], 4);
-          if (key >= w.keys_valid || dim >= p.head_dim) continue;
-          *reinterpret_cast<uint32_t*>(dk_rows + key * p.dk.row + dim) =
-              first ? pack2<T>(k2[0] * p.scale, k_other * p.scale) : pack2<T>(k_other * p.scale, k2[1] * p.scale);
-          *reinterpret_cast<uint32_t*>(dv_rows + key * p.dv.row + dim) =
-              first ? pack2<T>(v2[0], v_other) : pack2<T>(v_other, v2[1]);
+          const float* a2 = &acc[i][jt][2 * half];
+          const float other = __shfl_xor_sync(0xffffffffu, first ? a2[1] : a2[0], 4);
+          const uint32_t pair = first ? pack2<T>(a2[0] * scale, other * scale) : pack2<T>(other * scale, a2[1] * scale);
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(tile + C::KTile::offset(key, dim)), "r"(pair));
         }
+  }
+
+  // This consumer's dims of the staged rows to `out`, 16 bytes a thread at a time.
+  __device__ void copy_out(const Operand& out, uint32_t tile, const KeyBlockWork& w) const {
+    using Elem = typename T::storage;
+    constexpr int kChunksPerRow = kCols / 8;
+    static_assert(kN * kChunksPerRow % 128 == 0, "whole rounds of the warpgroup");
+    Elem* rows = operand_row<Elem>(out, b, seq.k_start + w.j0, hk) + kCols * wg;
+    const unsigned char* staged = reinterpret_cast<const unsigned char*>(__cvta_shared_to_generic(tile));
+#pragma unroll
+    for (int c = threadIdx.x % 128; c < kN * kChunksPerRow; c += 128) {
+      const int key = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+      if (key >= w.keys_valid || kCols * wg + col >= p.head_dim) continue;
+      *reinterpret_cast<uint4*>(rows + key * out.row + col) =
+          *reinterpret_cast<const uint4*>(staged + C::KTile::offset(key, kCols * wg + col));
+    }
   }
 };
 
