@@ -8,6 +8,7 @@
 #include "cuda/common/cp_async.cuh"
 #include "cuda/common/ldmatrix.cuh"
 #include "cuda/common/numeric.cuh"
+#include "cuda/common/warp.cuh"
 #include "cuda/kernel_params.h"
 
 namespace flashattn::cuda {
@@ -39,6 +40,27 @@ struct Sequence {
 template <typename T>
 __device__ __forceinline__ T* operand_row(const Operand& o, int b, int64_t row, int h) {
   return static_cast<T*>(o.data) + (int64_t(b) * o.batch + row * o.row + int64_t(h) * o.head);
+}
+
+// Row `half` (0: the lane's row g, 1: g + 8) of an m16 accumulator fragment times `scale`, in T, to
+// `row` in 16-byte stores. Lane q of a quad holds columns 2q and 2q + 1 of each 8-column chunk; a
+// quad transpose of four chunks hands it all of chunk q. Every lane takes part in the exchanges:
+// an invalid row (`valid` false) or a chunk from column `cols` on only skips its store.
+template <typename T, int kChunks>
+__device__ __forceinline__ void store_fragment_row(const float (&acc)[kChunks][4], int half, float scale,
+                                                   typename T::storage* row, bool valid, int cols) {
+  static_assert(kChunks % 4 == 0, "whole groups of four chunks");
+  const int q = threadIdx.x % 4;
+  row += 8 * q;
+#pragma unroll
+  for (int c0 = 0; c0 < kChunks; c0 += 4) {
+    uint32_t w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) w[j] = pack2<T>(acc[c0 + j][2 * half] * scale, acc[c0 + j][2 * half + 1] * scale);
+    quad_transpose(w);
+    if (valid && (c0 + q) * 8 < cols)
+      *reinterpret_cast<uint4*>(row + c0 * 8) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
 }
 
 // The score of one (batch, query head) in the log2 domain. Plain scores (no softcap, no ALiBi)

@@ -460,22 +460,31 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM, kBlock
     if (threadIdx.x == 0) release_turn(turn_of(turn_state[2], turn_state[3]), n);
   }
 
-  // dK = scale * sum dS^T Q and dV, for the valid keys and columns.
+  // dK = scale * sum dS^T Q and dV, for the valid keys and columns: 16-byte stores after a quad
+  // transpose where the columns come in groups of four chunks, else one column pair at a time.
   Elem* dk_rows = operand_row<Elem>(p.dk, b, seq.k_start + j0, hk);
   Elem* dv_rows = operand_row<Elem>(p.dv, b, seq.k_start + j0, hk);
 #pragma unroll
   for (int key_half = 0; key_half < 2 * C::kDkvKeyTiles; ++key_half) {
     const int kt = key_half / 2, half = key_half % 2;
     const int key = dkv_key0 + kt * 16 + g + half * 8;
-    if (key >= keys_valid) continue;
+    if constexpr (C::kDkvCols % 32 == 0) {
+      const bool valid = key < keys_valid;
+      const int64_t row = valid ? key : 0;
+      const int cols = p.head_dim - dkv_col0;
+      store_fragment_row<T>(dk[kt], half, p.scale, dk_rows + row * p.dk.row + dkv_col0, valid, cols);
+      store_fragment_row<T>(dv[kt], half, 1.f, dv_rows + row * p.dv.row + dkv_col0, valid, cols);
+    } else {
+      if (key >= keys_valid) continue;
 #pragma unroll
-    for (int dt = 0; dt < C::kDkvCols / 8; ++dt) {
-      const int col = dkv_col0 + dt * 8 + 2 * t;
-      if (col >= p.head_dim) continue;
-      *reinterpret_cast<uint32_t*>(dk_rows + key * p.dk.row + col) =
-          pack2<T>(dk[kt][dt][2 * half] * p.scale, dk[kt][dt][2 * half + 1] * p.scale);
-      *reinterpret_cast<uint32_t*>(dv_rows + key * p.dv.row + col) =
-          pack2<T>(dv[kt][dt][2 * half], dv[kt][dt][2 * half + 1]);
+      for (int dt = 0; dt < C::kDkvCols / 8; ++dt) {
+        const int col = dkv_col0 + dt * 8 + 2 * t;
+        if (col >= p.head_dim) continue;
+        *reinterpret_cast<uint32_t*>(dk_rows + key * p.dk.row + col) =
+            pack2<T>(dk[kt][dt][2 * half] * p.scale, dk[kt][dt][2 * half + 1] * p.scale);
+        *reinterpret_cast<uint32_t*>(dv_rows + key * p.dv.row + col) =
+            pack2<T>(dv[kt][dt][2 * half], dv[kt][dt][2 * half + 1]);
+      }
     }
   }
 }

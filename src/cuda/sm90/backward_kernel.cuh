@@ -467,27 +467,22 @@ __device__ __forceinline__ void hand_over_dq_tile(const float (&dq)[kCols / 8][4
   announce_dq_tile(bars, wg);
 }
 
-// dK = scale * dK and dV of a consumer's keys key(half) (those below keys_valid) and columns
-// col(dt) (those below the head dim), for the rows half and columns dt of its accumulators.
-template <typename T, int kCols, typename KeyOf, typename ColOf>
+// dK = scale * dK and dV of a consumer's keys key(half) (those below keys_valid), for the rows
+// half of its accumulators, in 16-byte stores of the head dim's columns.
+template <typename T, int kCols, typename KeyOf>
 __device__ __forceinline__ void store_key_gradients(const KernelParams& p, const Sequence& seq, int b, int hk,
                                                     const KeyBlockWork& w, const float (&dk)[kCols / 8][4],
-                                                    const float (&dv)[kCols / 8][4], KeyOf key_of, ColOf col_of) {
+                                                    const float (&dv)[kCols / 8][4], KeyOf key_of) {
   using Elem = typename T::storage;
   Elem* dk_rows = operand_row<Elem>(p.dk, b, seq.k_start + w.j0, hk);
   Elem* dv_rows = operand_row<Elem>(p.dv, b, seq.k_start + w.j0, hk);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int key = key_of(half);
-    if (key >= w.keys_valid) continue;
-#pragma unroll
-    for (int dt = 0; dt < kCols / 8; ++dt) {
-      const int col = col_of(dt);
-      if (col >= p.head_dim) continue;
-      *reinterpret_cast<uint32_t*>(dk_rows + key * p.dk.row + col) =
-          pack2<T>(dk[dt][2 * half] * p.scale, dk[dt][2 * half + 1] * p.scale);
-      *reinterpret_cast<uint32_t*>(dv_rows + key * p.dv.row + col) = pack2<T>(dv[dt][2 * half], dv[dt][2 * half + 1]);
-    }
+    const bool valid = key < w.keys_valid;
+    const int row = valid ? key : 0;
+    store_fragment_row<T>(dk, half, p.scale, dk_rows + row * p.dk.row, valid, p.head_dim);
+    store_fragment_row<T>(dv, half, 1.f, dv_rows + row * p.dv.row, valid, p.head_dim);
   }
 }
 
@@ -724,8 +719,7 @@ struct BackwardConsumer {
   __device__ void store_dk_dv(const KeyBlockWork& w) const {
     const int lane = threadIdx.x % 32;
     auto key = [&](int half) { return 64 * wg + 16 * ((threadIdx.x % 128) / 32) + lane / 4 + 8 * half; };
-    auto col = [&](int dt) { return dt * 8 + 2 * (lane % 4); };
-    store_key_gradients<T, kD>(p, seq, b, hk, w, dk, dv, key, col);
+    store_key_gradients<T, kD>(p, seq, b, hk, w, dk, dv, key);
   }
 };
 
