@@ -230,7 +230,8 @@ TEST_F(CudaAttentionRuns, BackwardFitsAHundredKilobytesUpToHeadDim128) {
 }
 
 // The deterministic backward gives the same bits run after run, and a correct result: with the
-// narrow and the wide sm_90a backward (d = 64, 128 and 256), with many key blocks taking turns
+// narrow and the wide sm_90a backward (d = 64, 128 and 256; at d = 256 its deterministic kernel,
+// which holds each step's last dQ box, with GQA and varlen too), with many key blocks taking turns
 // at each dQ tile (causal, a sliding window with seqlen_q != seqlen_k and GQA, no mask, varlen
 // with empty sequences), launched with the heads interleaved (short sequences) and head after
 // head (the window's 17 key blocks), in two chains of turns (d = 64 without a mask from 4096
@@ -251,6 +252,9 @@ TEST_F(CudaAttentionRuns, DeterministicBackwardIsBitIdentical) {
   cases.push_back(window);
   cases.push_back(dense_case(2, 3, 500, 128, false));
   cases.push_back(dense_case(1, 2, 300, 256, true));
+  Case wide = dense_case(2, 4, 700, 256, false);  // d = 256: steps over two heads, many turns per tile
+  wide.heads_kv = 2;
+  cases.push_back(wide);
   Case chains = dense_case(2, 4, 200, 64, false);  // d = 64 from 4096 keys: two chains of turns
   chains.heads_kv = 2;
   chains.seqlen_k = 4500;
@@ -266,6 +270,8 @@ TEST_F(CudaAttentionRuns, DeterministicBackwardIsBitIdentical) {
   Case varlen = dense_case(1, 2, 1, 64, true);
   varlen.seqlens_q = {0, 900, 130, 1500};
   varlen.seqlens_k = {40, 1100, 130, 1500};
+  cases.push_back(varlen);
+  varlen.head_dim = 256;  // the wide kernel's partial key blocks and empty sequences
   cases.push_back(varlen);
   int ran = 0;
   for (const Case& c : cases) {

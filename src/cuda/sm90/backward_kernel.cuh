@@ -427,9 +427,10 @@ constexpr bool dq_store_offsets_follow() {
 
 // A consumer's fp32 dQ accumulators (kCols columns, in fragment order: dq_fragment_position) into
 // its dQ ring as the tile handed over after `handed` others, each 32-column box once its producer
-// thread's TMA has read what that ring box held. The caller announces the tile (announce_dq_tile)
-// after a proxy fence, which it may share.
-template <typename C, int kCols>
+// thread's TMA has read what that ring box held: boxes [kBoxBegin, kBoxEnd) of the tile, all by
+// default. The caller announces the tile (announce_dq_tile) after a proxy fence, which it may
+// share, once every box is stored.
+template <typename C, int kCols, int kBoxBegin = 0, int kBoxEnd = kCols / 32>
 __device__ __forceinline__ void store_dq_tile(const float (&dq)[kCols / 8][4], uint32_t smem,
                                               const BackwardBarriers<C>& bars, int wg, int handed) {
   using DqTile = typename C::DqTile;
@@ -441,7 +442,7 @@ __device__ __forceinline__ void store_dq_tile(const float (&dq)[kCols / 8][4], u
   // The thread's first 16 bytes; the others differ by constants and one bit (one register).
   const uint32_t first = DqTile::offset(row, dq_fragment_position(2 * (lane % 4)));
 #pragma unroll
-  for (int j = 0; j < kCols / 8; j += 2) {  // groups j and j + 1: 16 contiguous bytes in fragment order
+  for (int j = 4 * kBoxBegin; j < 4 * kBoxEnd; j += 2) {  // groups j and j + 1: 16 contiguous bytes in fragment order
     if (j % (4 * ring_tile.kPerPart) == 0) {
       const int part = (ring_tile.first_box() + j / 4) / ring_tile.kPerPart;
       mbarrier_wait(bars.dq_empty(wg, part), ring_tile.parity(j / 4) ^ 1u);

@@ -16,9 +16,12 @@
 
 namespace flashattn::cuda::sm90 {
 
-template <typename T, int D, bool kGeneral>
+// kHoldDqBox (the deterministic kernel): each step's last dQ box waits in registers until the next
+// step's S is issued (WideBackwardConsumer::hold_last_box).
+template <typename T, int D, bool kGeneral, bool kHoldDqBox = false>
 struct WideBackwardConfig {
   static constexpr int kD = D;
+  static constexpr bool kHoldLastDqBox = kHoldDqBox;
   static constexpr BackwardShape kShape = backward_shape(kD);
   static constexpr int kM = kShape.block_m, kN = kShape.block_n, kStages = kShape.stages;
   static_assert(kM == 64 && kN == 80 && kStages == 1, "80 keys, 64-row steps, one Q/dO stage");
@@ -62,9 +65,9 @@ constexpr int kWideTilesFree = 1, kWideTilesWritten = 2;
 // Named barriers 3 + w: consumer w's dK and dV are staged (its 128 threads).
 constexpr int kWideStaged = 3;
 
-template <typename T, int kD, bool kGeneral>
+template <typename T, int kD, bool kGeneral, bool kHoldDqBox>
 struct WideBackwardConsumer {
-  using C = WideBackwardConfig<T, kD, kGeneral>;
+  using C = WideBackwardConfig<T, kD, kGeneral, kHoldDqBox>;
   static constexpr int kM = C::kM, kN = C::kN, kKeys = C::kKeys, kCols = C::kCols;
   static constexpr int kRoundCols = kCols / C::kDqRounds;
   static_assert(C::kDqRounds == 2, "issue_gradients writes out two dQ rounds");
@@ -77,6 +80,7 @@ struct WideBackwardConsumer {
   BackwardBarriers<C> bars;
   int wg;  // consumer index: keys [40 wg, +40) of S and dP, dims [128 wg, +128) of dK, dV, dQ
   float dkt[kDimTiles][kN / 8][4], dvt[kDimTiles][kN / 8][4];
+  float held[kRoundCols / 8][4];  // kHoldDqBox: the last box of the previous step's round 1
 
   __device__ uint32_t k_tile() const { return smem; }
   __device__ uint32_t v_tile() const { return smem + C::kVOffset; }
@@ -101,6 +105,7 @@ struct WideBackwardConsumer {
     if (w.steps() > 0) {
       mbarrier_wait(bars.kv_full(), 0);
       for (int s = 0; s < w.steps(); ++s) step(w, s);
+      if constexpr (kHoldDqBox) hand_over_held_box(w.steps() - 1);
     }
     store_dk_dv(w);
   }
@@ -120,6 +125,8 @@ struct WideBackwardConsumer {
       WgmmaOp<T, kKeys>::template ss<0, 0>(flat<kKeys>(sc), k_major_descriptor<QTile>(q_tile(), 0, kk),
                                            k_major_descriptor<KTile>(k_tile(), kKeys * wg, kk), kk > 0);
     wgmma_commit();
+    if constexpr (kHoldDqBox)
+      if (s > 0) hand_over_held_box(s - 1);  // while S runs
     mbarrier_wait(bars.do_full(0), uint32_t(s) & 1u);  // dO may land after Q: S runs meanwhile
     wgmma_fence();  // after the wait's loop, before dP's products
 #pragma unroll
@@ -172,7 +179,30 @@ struct WideBackwardConsumer {
     issue_dq_round(dq, 1);
     wgmma_wait<0>();
     fence_registers(flat<kRoundCols>(dq));
-    hand_over_dq(dq, 1, s);
+    if constexpr (kHoldDqBox)
+      hold_last_box(dq, s);
+    else
+      hand_over_dq(dq, 1, s);
+  }
+
+  // Round 1's boxes but the last into the ring, the last kept in `held`: its ring box is the one
+  // round 0 wrote first, which in deterministic mode TMA reads only after the tile's turn, so
+  // storing it here would wait for the turn. It goes in with the tile's announcement under the
+  // next step's S (hand_over_held_box).
+  __device__ void hold_last_box(const float (&dq)[kRoundCols / 8][4], int s) {
+    constexpr int kBoxes = kRoundCols / 32;
+    store_dq_tile<C, kRoundCols, 0, kBoxes - 1>(dq, smem, bars, wg, s * C::kDqRounds + 1);
+#pragma unroll
+    for (int j = 4 * (kBoxes - 1); j < kRoundCols / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)  // a copy ptxas does not count as wgmma's registers
+        asm volatile("mov.b32 %0, %1;\n" : "=f"(held[j][e]) : "f"(dq[j][e]));
+  }
+  __device__ void hand_over_held_box(int s) {
+    constexpr int kBoxes = kRoundCols / 32;
+    store_dq_tile<C, kRoundCols, kBoxes - 1, kBoxes>(held, smem, bars, wg, s * C::kDqRounds + 1);
+    fence_async_shared();  // this round's writes, before TMA reads them
+    announce_dq_tile(bars, wg);
   }
 
   __device__ void issue_dq_round(float (&dq)[kRoundCols / 8][4], int r) const {
@@ -271,10 +301,11 @@ struct WideBackwardConsumer {
   }
 };
 
-template <typename T, int kD, bool kGeneral>
-__global__ void __launch_bounds__(WideBackwardConfig<T, kD, kGeneral>::kThreads, 1)
+template <typename T, int kD, bool kGeneral, bool kHoldDqBox>
+__global__ void __launch_bounds__(WideBackwardConfig<T, kD, kGeneral, kHoldDqBox>::kThreads, 1)
     wide_backward_kernel(const __grid_constant__ BackwardArgs args) {
-  run_backward_block<WideBackwardConfig<T, kD, kGeneral>, WideBackwardConsumer<T, kD, kGeneral>>(args);
+  run_backward_block<WideBackwardConfig<T, kD, kGeneral, kHoldDqBox>, WideBackwardConsumer<T, kD, kGeneral, kHoldDqBox>>(
+      args);
 }
 
 }  // namespace flashattn::cuda::sm90
