@@ -21,7 +21,6 @@ namespace flashattn::cuda::sm90 {
 template <typename T, int D, bool kGeneral, bool kHoldDqBox = false>
 struct WideBackwardConfig {
   static constexpr int kD = D;
-  static constexpr bool kHoldLastDqBox = kHoldDqBox;
   static constexpr BackwardShape kShape = backward_shape(kD);
   static constexpr int kM = kShape.block_m, kN = kShape.block_n, kStages = kShape.stages;
   static_assert(kM == 64 && kN == 80 && kStages == 1, "80 keys, 64-row steps, one Q/dO stage");
