@@ -1,5 +1,6 @@
 """The benchmark tools' logic that runs without a GPU: the SASS control-bit decoding of
-sass_stalls.py and the round averaging and side-by-side table of compare_builds.py."""
+sass_stalls.py, the kernel-by-kernel comparison of sass_diff.py, and the round averaging and
+side-by-side table of compare_builds.py."""
 import math
 import os
 import sys
@@ -7,6 +8,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import compare_builds  # noqa: E402
+import sass_diff  # noqa: E402
 import sass_stalls  # noqa: E402
 
 # Two instructions of an sm_90a kernel as cuobjdump prints them: an exponential issuing with
@@ -38,6 +40,20 @@ def test_parse_and_summarize_a_range_with_a_skip():
         (0xD5C0, "MUFU.EX2", 1), (0xD5D0, "FADD.FTZ", 7), (0xD5E0, "BRA", 5)]
     count, stalls, by_opcode = sass_stalls.summarize(instructions, 0xD5C0, 0xD5F0, [(0xD5D0, 0xD5E0)])
     assert (count, stalls, dict(by_opcode)) == (2, 6, {"MUFU.EX2": 1, "BRA": 5})
+
+
+def test_sass_diff_names_the_kernels_whose_instructions_differ():
+    moved = LISTING.replace("/*d5", "/*e5")  # the same kernel at other addresses
+    renamed = LISTING.replace("R193", "R192").replace("_Z6kernelv", "_Z6otherv")
+    before = sass_stalls.parse(LISTING + renamed)
+    assert sass_diff.compare(before, sass_stalls.parse(moved + LISTING.replace("_Z6kernelv", "_Z6otherv"))) == [
+        ("same", 3, 3, "_Z6kernelv"), ("differs", 3, 3, "_Z6otherv")]
+    assert sass_diff.compare(before, sass_stalls.parse(LISTING)) == [
+        ("same", 3, 3, "_Z6kernelv"), ("before only", 3, 0, "_Z6otherv")]
+    # A kernel whose name changed, compared by --pair with the one it replaces.
+    after = sass_stalls.parse(LISTING.replace("_Z6kernelv", "_Z6kernelILb0EEvv"))
+    assert sass_diff.compare(*sass_diff.paired(before, after, "kernelv", "kernelI")) == [
+        ("same", 3, 3, "_Z6kernelILb0EEvv")]
 
 
 def test_rounds_average_what_each_measured():
