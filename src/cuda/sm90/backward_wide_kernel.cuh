@@ -9,7 +9,9 @@
 // Against 64 keys with the keys as rows (S^T = K Q^T), a step does 25% more work for the same
 // loads of Q and dO and the same dQ tile, and each score product reads Q once per consumer where
 // S^T read all of K. Q and dO have one stage (K, V, Q and dO take 144 KB); the producer, the row
-// warp and the dQ reduce-adds are those of the narrow kernel (backward_kernel.cuh).
+// warp and the dQ reduce-adds are those of the narrow kernel (backward_kernel.cuh). At the end each
+// consumer stages its dims of dK and dV in the K and V tiles and writes whole rows. Deterministic
+// mode (plain scores) has a kernel of its own that holds each step's last dQ box (kHoldDqBox).
 #pragma once
 
 #include "cuda/sm90/backward_kernel.cuh"
