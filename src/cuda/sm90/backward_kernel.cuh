@@ -460,10 +460,11 @@ template <typename C>
 __device__ __forceinline__ void announce_dq_tile(const BackwardBarriers<C>& bars, int wg) {
   mbarrier_arrive(bars.dq_full(wg));
 }
-template <typename C, int kCols>
+// The tile's boxes [kBoxBegin, kBoxEnd) (the rest already stored), then its announcement.
+template <typename C, int kCols, int kBoxBegin = 0, int kBoxEnd = kCols / 32>
 __device__ __forceinline__ void hand_over_dq_tile(const float (&dq)[kCols / 8][4], uint32_t smem,
                                                   const BackwardBarriers<C>& bars, int wg, int handed) {
-  store_dq_tile<C, kCols>(dq, smem, bars, wg, handed);
+  store_dq_tile<C, kCols, kBoxBegin, kBoxEnd>(dq, smem, bars, wg, handed);
   fence_async_shared();  // the writes, before TMA reads them
   announce_dq_tile(bars, wg);
 }

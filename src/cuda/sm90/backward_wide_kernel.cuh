@@ -71,6 +71,7 @@ struct WideBackwardConsumer {
   using C = WideBackwardConfig<T, kD, kGeneral, kHoldDqBox>;
   static constexpr int kM = C::kM, kN = C::kN, kKeys = C::kKeys, kCols = C::kCols;
   static constexpr int kRoundCols = kCols / C::kDqRounds;
+  static constexpr int kRoundBoxes = kRoundCols / 32;  // 32-column dQ boxes of a round
   static_assert(C::kDqRounds == 2, "issue_gradients writes out two dQ rounds");
   static constexpr int kDimTiles = kCols / 64;  // m64 products of dK^T and dV^T
 
@@ -191,19 +192,15 @@ struct WideBackwardConsumer {
   // storing it here would wait for the turn. It goes in with the tile's announcement under the
   // next step's S (hand_over_held_box).
   __device__ void hold_last_box(const float (&dq)[kRoundCols / 8][4], int s) {
-    constexpr int kBoxes = kRoundCols / 32;
-    store_dq_tile<C, kRoundCols, 0, kBoxes - 1>(dq, smem, bars, wg, s * C::kDqRounds + 1);
+    store_dq_tile<C, kRoundCols, 0, kRoundBoxes - 1>(dq, smem, bars, wg, s * C::kDqRounds + 1);
 #pragma unroll
-    for (int j = 4 * (kBoxes - 1); j < kRoundCols / 8; ++j)
+    for (int j = 4 * (kRoundBoxes - 1); j < kRoundCols / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e)  // a copy ptxas does not count as wgmma's registers
         asm volatile("mov.b32 %0, %1;\n" : "=f"(held[j][e]) : "f"(dq[j][e]));
   }
   __device__ void hand_over_held_box(int s) {
-    constexpr int kBoxes = kRoundCols / 32;
-    store_dq_tile<C, kRoundCols, kBoxes - 1, kBoxes>(held, smem, bars, wg, s * C::kDqRounds + 1);
-    fence_async_shared();  // this round's writes, before TMA reads them
-    announce_dq_tile(bars, wg);
+    hand_over_dq_tile<C, kRoundCols, kRoundBoxes - 1, kRoundBoxes>(held, smem, bars, wg, s * C::kDqRounds + 1);
   }
 
   __device__ void issue_dq_round(float (&dq)[kRoundCols / 8][4], int r) const {
