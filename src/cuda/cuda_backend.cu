@@ -33,7 +33,7 @@ struct Variant {
   DType dtype;
   int head_dim;
   Launcher forward, backward;
-  // Bytes of dynamic shared memory per block: the forward's, the smallest backward
+  // Bytes of dynamic shared memory per block: the largest forward's, the smallest backward
   // configuration's, and the 128-key backward's, under which the backward takes
   // backward_narrow_block_n() keys per block (launch_backward_main_fitting).
   int forward_smem, backward_smem, backward_full_keys_smem;
@@ -44,7 +44,7 @@ struct Variant {
           D,                                                                                             \
           &launch_forward<T, D>,                                                                         \
           &launch_backward<T, D>,                                                                        \
-          ForwardConfig<T, D>::kSmemBytes,                                                               \
+          forward_max_smem<T, D>(),                                                                      \
           BackwardConfig<T, D, 1, 64, backward_narrow_block_n(D)>::kSmemBytes,                           \
           BackwardConfig<T, D>::kSmemBytes},
 constexpr Variant kVariants[] = {FLASHATTN_CUDA_FOR_EACH_VARIANT(FLASHATTN_VARIANT_ROW)};
@@ -150,7 +150,8 @@ ForwardChoice choose_forward(const Params& p) {
     const int padded = padded_head_dim(p.head_dim);
     const Variant* v = padded ? find_variant(p.dtype, padded) : nullptr;
     if (!v) return c;
-    const ForwardShape s = forward_shape(padded);
+    const bool plain = !p.has_dropout() && !ScoreRule::is_general(p.scale, p.softcap, p.alibi);
+    const ForwardShape s = forward_shape(padded, plain);
     c = {v->forward, padded, s.block_m, s.block_n, 2, v->forward_smem, false};
   }
   c.splits = forward_splits(p, c);

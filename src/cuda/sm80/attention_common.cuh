@@ -74,8 +74,11 @@ struct ScoreRule {
 
   // True when scores need transform(): softcap, ALiBi, or a non-positive scale (which would turn
   // the max of raw products into the min of scores).
+  __host__ __device__ static constexpr bool is_general(float scale, float softcap, bool alibi) {
+    return softcap > 0.f || alibi || !(scale > 0.f);
+  }
   __host__ __device__ static bool is_general(const KernelParams& p) {
-    return p.softcap > 0.f || p.alibi_slopes != nullptr || !(p.scale > 0.f);
+    return is_general(p.scale, p.softcap, p.alibi_slopes != nullptr);
   }
 
   __device__ static ScoreRule make(const KernelParams& p, const Sequence& s, int b, int h) {

@@ -5,6 +5,7 @@
 // are visited from the last to the first, so only the first step meets the end of the keys.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -20,9 +21,10 @@
 
 namespace flashattn::cuda {
 
-template <typename T, int kD>
+// kPlain: neither dropout nor general scores (forward_shape).
+template <typename T, int kD, bool kPlain>
 struct ForwardConfig {
-  static constexpr ForwardShape kShape = forward_shape(kD);
+  static constexpr ForwardShape kShape = forward_shape(kD, kPlain);
   static constexpr int kM = kShape.block_m, kN = kShape.block_n, kWarps = kShape.warps;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kRowTiles = kM / (16 * kWarps);  // 16-row mma tiles per warp
@@ -38,6 +40,12 @@ struct ForwardConfig {
   // V's parts go in S's first k-steps, K's in every other of P V's first kD / 16 steps.
   static_assert(copy_parts_fit(kShape.copy_parts, kD) && copy_parts_fit(kShape.dropout_copy_parts, kD));
 };
+
+// Dynamic shared memory of the larger of a variant's two forward configurations.
+template <typename T, int kD>
+constexpr int forward_max_smem() {
+  return std::max(ForwardConfig<T, kD, true>::kSmemBytes, ForwardConfig<T, kD, false>::kSmemBytes);
+}
 
 // Per-lane state of the online softmax for the lane's two rows (g and g + 8) of each row tile.
 template <int kRowTiles>
@@ -265,9 +273,9 @@ __device__ __forceinline__ void store_lse(const KernelParams& p, int b, int h, c
 // Dropout and general scores (ScoreRule::is_general) are template parameters, so the common
 // variant carries none of their code and none of their registers.
 template <typename T, int kD, bool kDropout, bool kGeneral>
-__global__ void __launch_bounds__(ForwardConfig<T, kD>::kThreads)
+__global__ void __launch_bounds__(ForwardConfig<T, kD, !kDropout && !kGeneral>::kThreads)
     forward_kernel(const __grid_constant__ KernelParams p) {
-  using C = ForwardConfig<T, kD>;
+  using C = ForwardConfig<T, kD, !kDropout && !kGeneral>;
   using Elem = typename T::storage;
   using QTile = typename C::QTile;
   using KVTile = typename C::KVTile;

@@ -8,15 +8,10 @@
 
 namespace flashattn::cuda {
 
-template <typename T, int kD, bool kDropout>
-auto forward_kernel_for(const KernelParams& p) {
-  return ScoreRule::is_general(p) ? forward_kernel<T, kD, kDropout, true> : forward_kernel<T, kD, kDropout, false>;
-}
-
-template <typename T, int kD>
-Status launch_forward(const KernelParams& p, cudaStream_t stream) {
-  using C = ForwardConfig<T, kD>;
-  const auto kernel = p.dropout_threshold != 0 ? forward_kernel_for<T, kD, true>(p) : forward_kernel_for<T, kD, false>(p);
+template <typename T, int kD, bool kDropout, bool kGeneral>
+Status launch_forward_kernel(const KernelParams& p, cudaStream_t stream) {
+  using C = ForwardConfig<T, kD, !kDropout && !kGeneral>;
+  const auto kernel = forward_kernel<T, kD, kDropout, kGeneral>;
   FA_TRY(device_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes),
                        "cudaFuncSetAttribute(forward_kernel)"));
   const int m_blocks = (p.seqlen_q + C::kM - 1) / C::kM;
@@ -24,7 +19,7 @@ Status launch_forward(const KernelParams& p, cudaStream_t stream) {
   // forward_kernel): (the group's heads, query tiles x splits, groups), so that a group's longest
   // tiles launch first.
   KernelParams q = p;
-  if (p.dropout_threshold == 0)
+  if (!kDropout)
     q.head_group = head_group_in_grid(
         forward_head_group(p.batch, p.heads_q, p.group, p.seqlen_k, kD, p.window_left, p.window_right),
         int64_t(p.batch) * p.heads_q, int64_t(m_blocks) * p.num_splits);
@@ -35,6 +30,16 @@ Status launch_forward(const KernelParams& p, cudaStream_t stream) {
   FA_TRY(device_status(cudaGetLastError(), "forward_kernel launch"));
   if (p.num_splits > 1) return launch_combine<T>(p, kD, stream);
   return Status::ok();
+}
+
+template <typename T, int kD>
+Status launch_forward(const KernelParams& p, cudaStream_t stream) {
+  const bool general = ScoreRule::is_general(p);
+  if (p.dropout_threshold != 0)
+    return general ? launch_forward_kernel<T, kD, true, true>(p, stream)
+                   : launch_forward_kernel<T, kD, true, false>(p, stream);
+  return general ? launch_forward_kernel<T, kD, false, true>(p, stream)
+                 : launch_forward_kernel<T, kD, false, false>(p, stream);
 }
 
 }  // namespace flashattn::cuda
