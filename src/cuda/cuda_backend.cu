@@ -150,7 +150,10 @@ ForwardChoice choose_forward(const Params& p) {
     const int padded = padded_head_dim(p.head_dim);
     const Variant* v = padded ? find_variant(p.dtype, padded) : nullptr;
     if (!v) return c;
-    const bool plain = !p.has_dropout() && !ScoreRule::is_general(p.scale, p.softcap, p.alibi);
+    // The kernel launch_forward() picks: it reads dropout from the threshold, which is 0 for
+    // probabilities below 2^-16 too.
+    const bool dropout = semantics::Dropout::make(p.dropout_p, p.dropout_seed, p.dropout_offset).enabled();
+    const bool plain = !dropout && !ScoreRule::is_general(p.scale, p.softcap, p.alibi);
     const ForwardShape s = forward_shape(padded, plain);
     c = {v->forward, padded, s.block_m, s.block_n, 2, v->forward_smem, false};
   }
