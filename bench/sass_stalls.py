@@ -6,14 +6,16 @@ summed over address ranges. The sum is a lower bound of one warp's time through 
 code when nothing else (scoreboards, barriers, the other warps) holds it up; comparing it between
 two builds of a kernel tells whether a change can shorten a loop before any GPU time is spent.
 
-  python3 bench/sass_stalls.py FILE --function REGEX [--grep PATTERN]
+  python3 bench/sass_stalls.py FILE --function REGEX [--grep PATTERN] [--loops]
   python3 bench/sass_stalls.py FILE --function REGEX --range 0xb430:0xe390 [--skip 0xbca0:0xcaa0 ...] [--list]
 
 FILE is an object, cubin or executable (disassembled with `cuobjdump -sass`: from $CUOBJDUMP, the
 PATH or $CUDA_HOME/bin) or a text file of cuobjdump's output. --grep prints the addresses of the
-matching instructions (to find a loop's bounds); --range sums [start, end), leaving out the
---skip ranges (branches the case at hand does not take); --list prints every instruction with
-its stall count. Control bits as on sm_70 to sm_90: stall in bits 41-44 of each instruction's
+matching instructions; --loops prints every loop (a branch back to a lower address) that
+holds at least 100 instructions, with its range; --range sums [start, end), leaving out the
+--skip ranges (branches the case at hand does not take), and counts its instructions by opcode;
+--list prints every instruction with its stall count. The kernel can be another library's (a
+cubin that `cuobjdump -xelf` took out of it), to set a loop beside ours. Control bits as on sm_70 to sm_90: stall in bits 41-44 of each instruction's
 second 64-bit word, then yield, the write and read barrier indices and the wait mask.
 """
 import argparse
@@ -80,6 +82,19 @@ def summarize(instructions, start, end, skips=()):
     return len(kept), sum(i[2] for i in kept), by_opcode
 
 
+def loops(instructions, least=100):
+    """[(start, end)] of the loops whose back branch closes at least `least` instructions: from a
+    branch's target to just past the branch, for each branch to a lower address."""
+    found = []
+    for address, text, _ in instructions:
+        target = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < address:
+            start, end = int(target.group(1), 16), address + 16
+            if len(select(instructions, start, end)) >= least:
+                found.append((start, end))
+    return found
+
+
 def address_range(text):
     start, end = text.split(":")
     return int(start, 16), int(end, 16)
@@ -105,6 +120,7 @@ def main():
     ap.add_argument("file")
     ap.add_argument("--function", required=True, help="regular expression for the (mangled) kernel name")
     ap.add_argument("--grep", help="print the addresses of the instructions matching this expression")
+    ap.add_argument("--loops", action="store_true", help="print the ranges of the kernel's loops")
     ap.add_argument("--range", type=address_range, help="START:END (hex) to sum over")
     ap.add_argument("--skip", type=address_range, action="append", default=[], help="START:END to leave out")
     ap.add_argument("--list", action="store_true", help="print every instruction of the range")
@@ -119,15 +135,21 @@ def main():
         for address, text, stall in instructions:
             if re.search(args.grep, text):
                 print(f"{address:#07x}  {text}")
+    if args.loops:
+        for start, end in loops(instructions):
+            count, stalls, _ = summarize(instructions, start, end)
+            print(f"loop {start:#x}:{end:#x}  {count} instructions, {stalls} stall cycles")
     if args.range:
         start, end = args.range
         if args.list:
             for address, text, stall in select(instructions, start, end, args.skip):
                 print(f"{address:#07x}  {stall:2d}  {text}")
         count, stalls, by_opcode = summarize(instructions, start, end, args.skip)
+        counts = collections.Counter(opcode(text) for _, text, _ in select(instructions, start, end, args.skip))
         print(f"{names[0]} [{start:#x}, {end:#x}): {count} instructions, {stalls} stall cycles")
-        for name, cycles in by_opcode.most_common(12):
-            print(f"  {name:32s} {cycles}")
+        print(f"  {'opcode':32s} {'count':>5s} {'stall cycles':>12s}")
+        for name, n in counts.most_common(24):
+            print(f"  {name:32s} {n:5d} {by_opcode[name]:12d}")
 
 
 if __name__ == "__main__":

@@ -42,6 +42,14 @@ def test_parse_and_summarize_a_range_with_a_skip():
     assert (count, stalls, dict(by_opcode)) == (2, 6, {"MUFU.EX2": 1, "BRA": 5})
 
 
+def test_loops_are_found_from_their_back_branches():
+    functions = sass_stalls.parse(LISTING.replace("BRA 0xd600", "BRA 0xd5c0"))
+    instructions = functions["_Z6kernelv"]
+    assert sass_stalls.loops(instructions, least=3) == [(0xD5C0, 0xD5F0)]
+    assert sass_stalls.loops(instructions, least=4) == []  # too short to list
+    assert sass_stalls.loops(sass_stalls.parse(LISTING)["_Z6kernelv"], least=1) == []  # a forward branch
+
+
 def test_sass_diff_names_the_kernels_whose_instructions_differ():
     moved = LISTING.replace("/*d5", "/*e5")  # the same kernel at other addresses
     renamed = LISTING.replace("R193", "R192").replace("_Z6kernelv", "_Z6otherv")
