@@ -153,8 +153,7 @@ ForwardChoice choose_forward(const Params& p) {
     // The kernel launch_forward() picks: it reads dropout from the threshold, which is 0 for
     // probabilities below 2^-16 too.
     const bool dropout = semantics::Dropout::make(p.dropout_p, p.dropout_seed, p.dropout_offset).enabled();
-    const bool plain = !dropout && !ScoreRule::is_general(p.scale, p.softcap, p.alibi);
-    const ForwardShape s = forward_shape(padded, plain);
+    const ForwardShape s = forward_shape(padded, dropout, ScoreRule::is_general(p.scale, p.softcap, p.alibi));
     c = {v->forward, padded, s.block_m, s.block_n, 2, v->forward_smem, false};
   }
   c.splits = forward_splits(p, c);

@@ -21,10 +21,10 @@
 
 namespace flashattn::cuda {
 
-// kPlain: neither dropout nor general scores (forward_shape).
-template <typename T, int kD, bool kPlain>
+// The configuration of the forward kernel of one kind (forward_shape).
+template <typename T, int kD, bool kDropout, bool kGeneral>
 struct ForwardConfig {
-  static constexpr ForwardShape kShape = forward_shape(kD, kPlain);
+  static constexpr ForwardShape kShape = forward_shape(kD, kDropout, kGeneral);
   static constexpr int kM = kShape.block_m, kN = kShape.block_n, kWarps = kShape.warps;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kRowTiles = kM / (16 * kWarps);  // 16-row mma tiles per warp
@@ -35,16 +35,16 @@ struct ForwardConfig {
   static constexpr int kSmemBytes = QTile::kBytes + 2 * KVTile::kBytes;
   static constexpr int kScoreTiles = kN / 8;  // n8 accumulator tiles of a 16-row score tile
   static constexpr int kOutTiles = kD / 8;    // n8 accumulator tiles of a 16-row output tile
-  template <bool kDropout>
-  static constexpr int kCopyParts = kDropout ? kShape.dropout_copy_parts : kShape.copy_parts;
+  static constexpr int kCopyParts = kShape.copy_parts;
   // V's parts go in S's first k-steps, K's in every other of P V's first kD / 16 steps.
-  static_assert(copy_parts_fit(kShape.copy_parts, kD) && copy_parts_fit(kShape.dropout_copy_parts, kD));
+  static_assert(copy_parts_fit(kCopyParts, kD));
 };
 
-// Dynamic shared memory of the larger of a variant's two forward configurations.
+// Dynamic shared memory of the largest of a variant's forward kernels.
 template <typename T, int kD>
 constexpr int forward_max_smem() {
-  return std::max(ForwardConfig<T, kD, true>::kSmemBytes, ForwardConfig<T, kD, false>::kSmemBytes);
+  return std::max({ForwardConfig<T, kD, false, false>::kSmemBytes, ForwardConfig<T, kD, false, true>::kSmemBytes,
+                   ForwardConfig<T, kD, true, false>::kSmemBytes, ForwardConfig<T, kD, true, true>::kSmemBytes});
 }
 
 // Per-lane state of the online softmax for the lane's two rows (g and g + 8) of each row tile.
@@ -273,9 +273,9 @@ __device__ __forceinline__ void store_lse(const KernelParams& p, int b, int h, c
 // Dropout and general scores (ScoreRule::is_general) are template parameters, so the common
 // variant carries none of their code and none of their registers.
 template <typename T, int kD, bool kDropout, bool kGeneral>
-__global__ void __launch_bounds__(ForwardConfig<T, kD, !kDropout && !kGeneral>::kThreads)
+__global__ void __launch_bounds__(ForwardConfig<T, kD, kDropout, kGeneral>::kThreads)
     forward_kernel(const __grid_constant__ KernelParams p) {
-  using C = ForwardConfig<T, kD, !kDropout && !kGeneral>;
+  using C = ForwardConfig<T, kD, kDropout, kGeneral>;
   using Elem = typename T::storage;
   using QTile = typename C::QTile;
   using KVTile = typename C::KVTile;
@@ -317,7 +317,7 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD, !kDropout && !kGeneral>::
                                                                 seq.seqlen_k - n * kN, p.head_dim, base);
   };
   // The same copy in part `part` of kParts (tile_shapes.h says why).
-  constexpr int kParts = C::template kCopyParts<kDropout>;
+  constexpr int kParts = C::kCopyParts;
   auto load_keys_part = [&](uint32_t tile, const Elem* rows, int64_t stride, const void* base, int n, int part) {
     load_tile_async<Elem, KVTile, C::kThreads, ForwardTileCopy, kParts>(
         tile, rows + int64_t(n) * kN * stride, stride, seq.seqlen_k - n * kN, p.head_dim, base, part);

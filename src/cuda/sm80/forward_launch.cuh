@@ -10,7 +10,7 @@ namespace flashattn::cuda {
 
 template <typename T, int kD, bool kDropout, bool kGeneral>
 Status launch_forward_kernel(const KernelParams& p, cudaStream_t stream) {
-  using C = ForwardConfig<T, kD, !kDropout && !kGeneral>;
+  using C = ForwardConfig<T, kD, kDropout, kGeneral>;
   const auto kernel = forward_kernel<T, kD, kDropout, kGeneral>;
   FA_TRY(device_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes),
                        "cudaFuncSetAttribute(forward_kernel)"));

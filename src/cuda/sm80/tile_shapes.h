@@ -11,9 +11,9 @@ struct ForwardShape {
   // address arithmetic does not wait for the previous part's cp.async to read its registers.
   // Measured on the H200: d = 128 in 4 parts +1 to +3%, in 2 parts another 0 to +2%; d = 64 and
   // 256 in 4 parts -2 to -12% (V alone or K alone lost too), d = 256 in 2 parts 0 to +1%; with
-  // dropout (a count of its own) d = 128 -3 to -5% in 4 parts, -0.3 to -2% in 2, d = 64 0 to +1%
-  // in 2 (its 40 bytes of spills gone).
-  int copy_parts, dropout_copy_parts;
+  // dropout d = 128 -3 to -5% in 4 parts, -0.3 to -2% in 2, d = 64 0 to +1% in 2 (its 40 bytes
+  // of spills gone).
+  int copy_parts;
 };
 
 // Registers bound these: a warp holds (block_m / warps) x d fp32 outputs and as many rows of
@@ -21,15 +21,16 @@ struct ForwardShape {
 // memory twice, which keeps ldmatrix traffic below the tensor cores' rate; d = 192 and 256 can
 // only afford one (their outputs alone take 96 and 128 registers).
 //
-// `plain`: a forward without dropout and without a score transform (ScoreRule::is_general). Up to
-// d = 64 it takes 128 keys per step (FlashAttention-2's shape there): half the row maxima, output
-// rescales and block barriers per key, +8 to +12% on the H200 against 64 keys. The other kernels
-// keep 64 keys: with 128 their draws or transforms spill (72 to 228 bytes).
-constexpr ForwardShape forward_shape(int head_dim, bool plain) {
-  return head_dim <= 64    ? ForwardShape{128, plain ? 128 : 64, 4, 1, head_dim == 64 ? 2 : 1}
-         : head_dim <= 128 ? ForwardShape{128, 64, 4, head_dim == 128 ? 2 : 1, 1}
-         : head_dim <= 192 ? ForwardShape{128, 64, 8, 1, 1}
-                           : ForwardShape{64, 64, 4, 1, 1};
+// Each kernel kind has its shape: `dropout` (draws) and `general` (ScoreRule::is_general). Without
+// either, up to d = 64, a step takes 128 keys (FlashAttention-2's shape there): half the row
+// maxima, output rescales and block barriers per key, +8 to +12% on the H200 against 64 keys. The
+// other kinds keep 64 keys: with 128 their draws or transforms spill (72 to 228 bytes).
+constexpr ForwardShape forward_shape(int head_dim, bool dropout, bool general) {
+  const bool plain = !dropout && !general;
+  return head_dim <= 64    ? ForwardShape{128, plain ? 128 : 64, 4, dropout && head_dim == 64 ? 2 : 1}
+         : head_dim <= 128 ? ForwardShape{128, 64, 4, !dropout && head_dim == 128 ? 2 : 1}
+         : head_dim <= 192 ? ForwardShape{128, 64, 8, 1}
+                           : ForwardShape{64, 64, 4, 1};
 }
 
 // Whether `parts` copy parts fit a forward's k-steps (see ForwardShape::copy_parts).
