@@ -15,8 +15,9 @@ matching instructions; --loops prints every loop (a branch back to a lower addre
 holds at least 100 instructions, with its range; --range sums [start, end), leaving out the
 --skip ranges (branches the case at hand does not take), and counts its instructions by opcode;
 --list prints every instruction with its stall count. The kernel can be another library's (a
-cubin that `cuobjdump -xelf` took out of it), to set a loop beside ours. Control bits as on sm_70 to sm_90: stall in bits 41-44 of each instruction's
-second 64-bit word, then yield, the write and read barrier indices and the wait mask.
+cubin that `cuobjdump -xelf` took out of it), to set a loop beside ours. Control bits as on
+sm_70 to sm_90: stall in bits 41-44 of each instruction's second 64-bit word, then yield, the
+write and read barrier indices and the wait mask.
 """
 import argparse
 import collections
@@ -30,6 +31,7 @@ import sys
 INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;\s*/\* (0x[0-9a-f]{16}) \*/")
 CONTROL_WORD = re.compile(r"^\s*/\* (0x[0-9a-f]{16}) \*/\s*$")
 FUNCTION = re.compile(r"Function : (\S+)")
+CODE_FOR = re.compile(r"code for (sm_\w+)")
 
 
 def control_fields(word):
@@ -44,12 +46,18 @@ def control_fields(word):
 
 
 def parse(text):
-    """{function name: [(address, instruction text, stall)]} of cuobjdump -sass output."""
-    functions, current, pending = {}, None, None
+    """{function name: [(address, instruction text, stall)]} of cuobjdump -sass output. Where the
+    file holds code for several architectures, each name carries its own: "name (sm_90)"."""
+    tagged = len(set(CODE_FOR.findall(text))) > 1
+    functions, current, pending, arch = {}, None, None, None
     for line in text.splitlines():
+        code_for = CODE_FOR.search(line)
+        if code_for:
+            arch = code_for.group(1)
+            continue
         name = FUNCTION.search(line)
         if name:
-            current = functions.setdefault(name.group(1), [])
+            current = functions.setdefault(f"{name.group(1)} ({arch})" if tagged else name.group(1), [])
             continue
         m = INSTRUCTION.search(line)
         if m and current is not None:
@@ -141,11 +149,12 @@ def main():
             print(f"loop {start:#x}:{end:#x}  {count} instructions, {stalls} stall cycles")
     if args.range:
         start, end = args.range
+        kept = select(instructions, start, end, args.skip)
         if args.list:
-            for address, text, stall in select(instructions, start, end, args.skip):
+            for address, text, stall in kept:
                 print(f"{address:#07x}  {stall:2d}  {text}")
-        count, stalls, by_opcode = summarize(instructions, start, end, args.skip)
-        counts = collections.Counter(opcode(text) for _, text, _ in select(instructions, start, end, args.skip))
+        count, stalls, by_opcode = summarize(kept, start, end)
+        counts = collections.Counter(opcode(text) for _, text, _ in kept)
         print(f"{names[0]} [{start:#x}, {end:#x}): {count} instructions, {stalls} stall cycles")
         print(f"  {'opcode':32s} {'count':>5s} {'stall cycles':>12s}")
         for name, n in counts.most_common(24):

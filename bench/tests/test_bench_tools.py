@@ -42,6 +42,14 @@ def test_parse_and_summarize_a_range_with_a_skip():
     assert (count, stalls, dict(by_opcode)) == (2, 6, {"MUFU.EX2": 1, "BRA": 5})
 
 
+def test_parse_names_each_architectures_code_apart():
+    two = "\tcode for sm_80\n" + LISTING + "\tcode for sm_90\n" + LISTING.replace("R193", "R192")
+    functions = sass_stalls.parse(two)
+    assert sorted(functions) == ["_Z6kernelv (sm_80)", "_Z6kernelv (sm_90)"]
+    assert [len(i) for i in functions.values()] == [3, 3]
+    assert list(sass_stalls.parse("\tcode for sm_90\n" + LISTING)) == ["_Z6kernelv"]  # one architecture
+
+
 def test_loops_are_found_from_their_back_branches():
     functions = sass_stalls.parse(LISTING.replace("BRA 0xd600", "BRA 0xd5c0"))
     instructions = functions["_Z6kernelv"]
