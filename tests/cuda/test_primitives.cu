@@ -163,13 +163,16 @@ TEST_F(CudaPrimitives, LdmatrixOperandsOnPaddedTile) {
 
 using CopyTile = SmemTile<8, 32>;
 
-__global__ void copy_with_zero_fill(const uint16_t* src, int64_t stride, int rows_valid, int cols_valid, uint16_t* dst) {
+// Invalid chunks keep their computed address, moved `far` elements further: the zero fill must
+// read nothing there (the kernels rely on it for rows past the end of a tensor).
+__global__ void copy_with_zero_fill(const uint16_t* src, int64_t stride, int rows_valid, int cols_valid, int64_t far,
+                                    uint16_t* dst) {
   __shared__ __align__(16) unsigned char smem[CopyTile::kBytes];
   const uint32_t base = smem_address(smem);
   for (int c = threadIdx.x; c < 8 * CopyTile::kChunksPerRow; c += blockDim.x) {
     const int row = c / CopyTile::kChunksPerRow, col = (c % CopyTile::kChunksPerRow) * 8;
     const bool valid = row < rows_valid && col < cols_valid;
-    cp_async_16(base + CopyTile::offset(row, col), valid ? src + row * stride + col : src, valid);
+    cp_async_16(base + CopyTile::offset(row, col), src + row * stride + col + (valid ? 0 : far), valid);
   }
   cp_async_commit();
   cp_async_wait<0>();
@@ -180,18 +183,22 @@ __global__ void copy_with_zero_fill(const uint16_t* src, int64_t stride, int row
 
 TEST_F(CudaPrimitives, CpAsyncCopiesValidChunksAndZeroFillsTheRest) {
   const int64_t stride = 40;  // source rows longer than the tile
-  std::vector<uint16_t> src(8 * stride);
-  for (size_t i = 0; i < src.size(); ++i) src[i] = uint16_t(1000 + i);
-  DeviceBuffer<uint16_t> dsrc(src), ddst(8 * 32);
   const int rows_valid = 5, cols_valid = 24;
-  copy_with_zero_fill<<<1, 32>>>(dsrc.get(), stride, rows_valid, cols_valid, ddst.get());
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const std::vector<uint16_t> got = ddst.to_host();
-  for (int r = 0; r < 8; ++r)
-    for (int c = 0; c < 32; ++c) {
-      const uint16_t want = r < rows_valid && c < cols_valid ? src[r * stride + c] : 0;
-      ASSERT_EQ(got[r * 32 + c], want) << "at row " << r << " col " << c;
-    }
+  // Only the valid rows are allocated: the invalid rows' addresses lie past the buffer's end.
+  std::vector<uint16_t> src(rows_valid * stride);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = uint16_t(1000 + i);
+  // 0: the addresses as computed; then 2^20 and 2^34 elements (2 MB, 32 GB) and 2^20 before.
+  for (const int64_t far : {int64_t(0), int64_t(1) << 20, int64_t(1) << 34, -(int64_t(1) << 20)}) {
+    DeviceBuffer<uint16_t> dsrc(src), ddst(8 * 32);
+    copy_with_zero_fill<<<1, 32>>>(dsrc.get(), stride, rows_valid, cols_valid, far, ddst.get());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "far " << far;
+    const std::vector<uint16_t> got = ddst.to_host();
+    for (int r = 0; r < 8; ++r)
+      for (int c = 0; c < 32; ++c) {
+        const uint16_t want = r < rows_valid && c < cols_valid ? src[r * stride + c] : 0;
+        ASSERT_EQ(got[r * 32 + c], want) << "at row " << r << " col " << c << ", far " << far;
+      }
+  }
 }
 
 // ---- quad reductions, quad transpose, exp2, packing ---------------------------------------

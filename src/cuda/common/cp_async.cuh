@@ -6,7 +6,9 @@
 namespace flashattn::cuda {
 
 // Copies 16 bytes from `src` to shared address `dst`; when !valid it writes 16 zero bytes
-// instead and reads nothing (`src` must still be a valid address: pass the tensor's base).
+// instead and reads nothing: source size 0, so `src` may lie outside every allocation (a tile's
+// rows past the end of a tensor keep their computed addresses, and no select is spent on them;
+// tested on the GPU with addresses gigabytes away, memcheck clean).
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
@@ -17,7 +19,7 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
 
-// 4-byte form (cached in L1 and L2); zero-fills when !valid, like cp_async_16.
+// 4-byte form (cached in L1 and L2); zero-fills when !valid and reads nothing, like cp_async_16.
 __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
   const int src_bytes = valid ? 4 : 0;
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));

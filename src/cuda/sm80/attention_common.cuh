@@ -162,13 +162,13 @@ struct TileCopyPlan {
 };
 
 // How a kernel copies its tiles: whole tiles of up to kUnboundedCols columns skip the per-chunk
-// bounds and their selected addresses, their rows split among at most kUnboundedThreadsPerRow
-// threads; the other tiles take the bounded copy, rows split among up to a warp. Measured on the
-// H200: bounds-free copies help the forward at d = 64 (+1 to +3%) and cost it 2 to 13% at d = 128
-// and 256 (with 8 or 32 threads per row: its d = 128 kernel reloads more spilled registers). The
-// backward's style against the forward's: +3% at d = 128 at every N, causal or not, d = 256
-// even; its bounded copy with 8 threads per row as well (though whole tiles never take it) undid
-// the gain, as did 32 threads per row in the bounds-free one.
+// bounds, their rows split among at most kUnboundedThreadsPerRow threads; the other tiles take the
+// bounded copy (a predicate per chunk; no source select since v24), rows split among up to a warp.
+// Measured on the H200: bounds-free copies help the forward at d = 64 (+1 to +3%) and cost it 2 to
+// 13% at d = 128 and 256 (with 8 or 32 threads per row: its d = 128 kernel reloads more spilled
+// registers). The backward's style against the forward's: +3% at d = 128 at every N, causal or
+// not, d = 256 even; its bounded copy with 8 threads per row as well (though whole tiles never
+// take it) undid the gain, as did 32 threads per row in the bounds-free one.
 template <int kUnboundedThreadsPerRowArg, int kUnboundedColsArg>
 struct TileCopyStyle {
   static constexpr int kUnboundedThreadsPerRow = kUnboundedThreadsPerRowArg, kUnboundedCols = kUnboundedColsArg;
@@ -177,11 +177,11 @@ using ForwardTileCopy = TileCopyStyle<32, 64>;
 using BackwardTileCopy = TileCopyStyle<8, 256>;
 
 // This thread's chunks of a tile under `Plan`, passes [first_pass, first_pass + passes): with
-// kBounded, rows at or past `rows_valid` and columns at or past `cols_valid` become zeros (their
-// source selected to `any_valid`, size 0); without, every chunk is copied.
+// kBounded, rows at or past `rows_valid` and columns at or past `cols_valid` become zeros (source
+// size 0, the address as computed: nothing is read); without, every chunk is copied.
 template <bool kBounded, typename T, typename Tile, typename Plan>
 __device__ __forceinline__ void copy_tile(uint32_t smem_tile, const T* first_row, int64_t row_stride, int rows_valid,
-                                          int cols_valid, const void* any_valid, int first_pass, int passes) {
+                                          int cols_valid, int first_pass, int passes) {
   const int row0 = int(threadIdx.x) / Plan::kThreadsPerRow + first_pass * Plan::kRowStep;
   const int col0 = (int(threadIdx.x) % Plan::kThreadsPerRow) * 8;
   const uint32_t dst = smem_tile + Tile::offset(row0, col0);
@@ -193,8 +193,7 @@ __device__ __forceinline__ void copy_tile(uint32_t smem_tile, const T* first_row
       const int dcol = c * Plan::kThreadsPerRow * 8;
       if constexpr (kBounded) {
         const bool valid = row0 + pass * Plan::kRowStep < rows_valid && col0 + dcol < cols_valid;
-        cp_async_16(dst + Tile::offset(pass * Plan::kRowStep, dcol),
-                    valid ? static_cast<const void*>(src + dcol) : any_valid, valid);
+        cp_async_16(dst + Tile::offset(pass * Plan::kRowStep, dcol), src + dcol, valid);
       } else {
         cp_async_16(dst + Tile::offset(pass * Plan::kRowStep, dcol), src + dcol);
       }
@@ -208,19 +207,19 @@ __device__ __forceinline__ void copy_tile(uint32_t smem_tile, const T* first_row
 // that share of the plan's passes (so that a kernel can spread a tile's copies over its work).
 template <typename T, typename Tile, int kThreads, typename Style, int kParts = 1>
 __device__ __forceinline__ void load_tile_async(uint32_t smem_tile, const T* first_row, int64_t row_stride,
-                                                int rows_valid, int cols_valid, const void* any_valid, int part = 0) {
+                                                int rows_valid, int cols_valid, int part = 0) {
   if constexpr (Tile::kCols <= Style::kUnboundedCols) {
     if (rows_valid >= Tile::kRows && cols_valid >= Tile::kCols) {
       using Plan = TileCopyPlan<Tile, kThreads, Style::kUnboundedThreadsPerRow>;
       static_assert(Plan::kPasses % kParts == 0, "whole passes per part");
-      copy_tile<false, T, Tile, Plan>(smem_tile, first_row, row_stride, rows_valid, cols_valid, any_valid,
+      copy_tile<false, T, Tile, Plan>(smem_tile, first_row, row_stride, rows_valid, cols_valid,
                                       part * (Plan::kPasses / kParts), Plan::kPasses / kParts);
       return;
     }
   }
   using Plan = TileCopyPlan<Tile, kThreads>;
   static_assert(Plan::kPasses % kParts == 0, "whole passes per part");
-  copy_tile<true, T, Tile, Plan>(smem_tile, first_row, row_stride, rows_valid, cols_valid, any_valid,
+  copy_tile<true, T, Tile, Plan>(smem_tile, first_row, row_stride, rows_valid, cols_valid,
                                  part * (Plan::kPasses / kParts), Plan::kPasses / kParts);
 }
 

@@ -242,24 +242,23 @@ __global__ void __launch_bounds__(BackwardConfig<T, kD, kStages, kBlockM, kBlock
     const int h = pos.head, m0 = pos.m_block * kM;
     const int rows = seq.seqlen_q - m0;
     load_tile_async<Elem, QTile, C::kThreads, BackwardTileCopy>(
-        stage_q(stage), operand_row<const Elem>(p.q, b, seq.q_start + m0, h), p.q.row, rows, p.head_dim, p.q.data);
+        stage_q(stage), operand_row<const Elem>(p.q, b, seq.q_start + m0, h), p.q.row, rows, p.head_dim);
     load_tile_async<Elem, QTile, C::kThreads, BackwardTileCopy>(
-        stage_do(stage), operand_row<const Elem>(p.dout, b, seq.q_start + m0, h), p.dout.row, rows, p.head_dim,
-        p.dout.data);
+        stage_do(stage), operand_row<const Elem>(p.dout, b, seq.q_start + m0, h), p.dout.row, rows, p.head_dim);
     if (threadIdx.x < 2 * kM) {
       const int r = threadIdx.x % kM;
       const bool is_delta = threadIdx.x >= kM;
       const float* row = (is_delta ? p.delta : p.lse_log2) + int64_t(h) * p.rows_q + seq.packed_q + m0 + r;
-      cp_async_4((is_delta ? stage_delta(stage) : stage_lse(stage)) + r * 4, r < rows ? row : p.delta, r < rows);
+      cp_async_4((is_delta ? stage_delta(stage) : stage_lse(stage)) + r * 4, row, r < rows);
     }
   };
 
   // K and V of this block; the first step's query side joins the same group.
   if (walk.steps() > 0) {
     load_tile_async<Elem, KTile, C::kThreads, BackwardTileCopy>(s_k, k_rows + j0 * p.k.row, p.k.row, keys_valid,
-                                                                p.head_dim, p.k.data);
+                                                                p.head_dim);
     load_tile_async<Elem, KTile, C::kThreads, BackwardTileCopy>(s_v, v_rows + j0 * p.v.row, p.v.row, keys_valid,
-                                                                p.head_dim, p.v.data);
+                                                                p.head_dim);
     load_step({walk.head_first, walk.m_begin}, 0);
     cp_async_commit();
   }

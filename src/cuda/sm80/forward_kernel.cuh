@@ -312,15 +312,15 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD, kDropout, kGeneral>::kThr
   const uint32_t s_q = smem_address(smem);
   const uint32_t s_k = s_q + QTile::kBytes;
   const uint32_t s_v = s_k + KVTile::kBytes;
-  auto load_keys = [&](uint32_t tile, const Elem* rows, int64_t stride, const void* base, int n) {
+  auto load_keys = [&](uint32_t tile, const Elem* rows, int64_t stride, int n) {
     load_tile_async<Elem, KVTile, C::kThreads, ForwardTileCopy>(tile, rows + int64_t(n) * kN * stride, stride,
-                                                                seq.seqlen_k - n * kN, p.head_dim, base);
+                                                                seq.seqlen_k - n * kN, p.head_dim);
   };
   // The same copy in part `part` of kParts (tile_shapes.h says why).
   constexpr int kParts = C::kCopyParts;
-  auto load_keys_part = [&](uint32_t tile, const Elem* rows, int64_t stride, const void* base, int n, int part) {
+  auto load_keys_part = [&](uint32_t tile, const Elem* rows, int64_t stride, int n, int part) {
     load_tile_async<Elem, KVTile, C::kThreads, ForwardTileCopy, kParts>(
-        tile, rows + int64_t(n) * kN * stride, stride, seq.seqlen_k - n * kN, p.head_dim, base, part);
+        tile, rows + int64_t(n) * kN * stride, stride, seq.seqlen_k - n * kN, p.head_dim, part);
   };
   constexpr bool kSpread = kParts > 1;
 
@@ -329,9 +329,8 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD, kDropout, kGeneral>::kThr
   const int warp_row = warp * 16 * kRowTiles;  // first row of this warp inside the tile
   auto tile_row0 = [&](int r) { return int64_t(m0) + warp_row + r * 16; };  // query row of tile r
   if (n_begin < n_end) {
-    load_tile_async<Elem, QTile, C::kThreads, ForwardTileCopy>(s_q, q_rows, p.q.row, seq.seqlen_q - m0, p.head_dim,
-                                                               p.q.data);
-    load_keys(s_k, k_rows, p.k.row, p.k.data, n_end - 1);
+    load_tile_async<Elem, QTile, C::kThreads, ForwardTileCopy>(s_q, q_rows, p.q.row, seq.seqlen_q - m0, p.head_dim);
+    load_keys(s_k, k_rows, p.k.row, n_end - 1);
     cp_async_commit();
   }
   const LaneCoord a_lane = a_operand_lane(lane);
@@ -347,7 +346,7 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD, kDropout, kGeneral>::kThr
     cp_async_wait<0>();
     __syncthreads();  // K[n] has landed; every warp is done with V[n + 1]
     if (!kSpread) {
-      load_keys(s_v, v_rows, p.v.row, p.v.data, n);
+      load_keys(s_v, v_rows, p.v.row, n);
       cp_async_commit();
     }
 
@@ -356,7 +355,7 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD, kDropout, kGeneral>::kThr
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       if (kSpread && kk < kParts) {
-        load_keys_part(s_v, v_rows, p.v.row, p.v.data, n, kk);
+        load_keys_part(s_v, v_rows, p.v.row, n, kk);
         if (kk == kParts - 1) cp_async_commit();
       }
       uint32_t a[kRowTiles][4];
@@ -384,7 +383,7 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD, kDropout, kGeneral>::kThr
     cp_async_wait<0>();
     __syncthreads();  // V[n] has landed; every warp is done with K[n]
     if (!kSpread && n > n_begin) {
-      load_keys(s_k, k_rows, p.k.row, p.k.data, n - 1);
+      load_keys(s_k, k_rows, p.k.row, n - 1);
       cp_async_commit();
     }
 
@@ -406,7 +405,7 @@ __global__ void __launch_bounds__(ForwardConfig<T, kD, kDropout, kGeneral>::kThr
 #pragma unroll
       for (int dt = 0; dt < kD / 16; ++dt) {
         if (kSpread && kk == 0 && dt % 2 == 0 && dt / 2 < kParts && n > n_begin) {  // K[n - 1]
-          load_keys_part(s_k, k_rows, p.k.row, p.k.data, n - 1, dt / 2);
+          load_keys_part(s_k, k_rows, p.k.row, n - 1, dt / 2);
           if (dt / 2 == kParts - 1) cp_async_commit();
         }
         uint32_t bv[4];
