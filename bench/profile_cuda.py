@@ -6,10 +6,15 @@ metric, a column per kernel. With --sass DIR it samples the warps of our first f
 backward kernel (--pass) instead, writes Nsight Compute's per-instruction table to
 DIR/<pass>_<sm90|sm80>_d<d>_n<n>.csv and prints the instructions where the warps stall most,
 with their reasons. With --kernel-times it prints each call's kernels as torch.profiler times them.
+With --clocks it runs each call back to back for a few seconds while nvidia-smi samples the GPU,
+and prints each one's sustained rate beside the SM clock and the power it ran at: a kernel that
+draws more power runs at a lower clock under the board's power limit, which Nsight Compute (at
+fixed base clocks) does not show.
 
   python3 bench/profile_cuda.py --library build/libflashattn.so --d 64 --n 4096 [--causal] [--deterministic] --ncu
   python3 bench/profile_cuda.py --library build/libflashattn.so --d 128 --n 1024 --sass out --pass forward
   python3 bench/profile_cuda.py --library build/libflashattn.so --d 128 --n 2048 --reference cudnn --kernel-times
+  python3 bench/profile_cuda.py --library build/libflashattn.so --d 256 --n 4096 --reference both --clocks
 
 bf16, B * N = 16k tokens, H = 2048 / d as in bench_cuda.py. FLASHATTN_CUDA_KERNELS=sm80 in the
 environment profiles the mma.sync kernels on a Hopper GPU.
@@ -120,6 +125,65 @@ def kernel_times(args, reps=20):
             print(f"  {us:9.1f}  {kernel[:110]}")
 
 
+# nvidia-smi's clock event reasons (the bits of clocks_event_reasons.active that lower clocks).
+CLOCK_REASONS = {0x4: "power cap", 0x8: "hw slowdown", 0x20: "sw thermal", 0x40: "hw thermal", 0x80: "power brake"}
+
+
+def sustained_clocks(args, warm_seconds=1.0, seconds=2.5, period_ms=50):
+    """Each call back to back: after `warm_seconds`, nvidia-smi samples the SM clock, power,
+    temperature and the reasons the clock is held down every `period_ms` while the calls go on
+    for `seconds`; prints the call's TFLOP/s (bench_cuda.py's convention) beside the samples'
+    means."""
+    import time
+    import torch
+    from bench_cuda import flops
+    b, h = max(1, 16384 // args.n), 2048 // args.d
+    smi = ["nvidia-smi", "--format=csv,noheader,nounits"]
+    limits = subprocess.run(smi + ["--query-gpu=enforced.power.limit,clocks.max.sm"], capture_output=True, text=True)
+    print(f"d = {args.d}, N = {args.n}, {'causal' if args.causal else 'non-causal'}, B = {b}, H = {h}; "
+          f"sustained over {seconds} s after {warm_seconds} s of warm-up; power limit (W), max SM clock (MHz): "
+          f"{limits.stdout.strip() or limits.stderr.strip()}")
+    print("| call | TFLOP/s | SM clock (MHz) | power (W) | temperature (C) | clock held by | samples |")
+    print("|---|---|---|---|---|---|---|")
+    query = smi + ["--query-gpu=clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active", f"-lms={period_ms}"]
+    for name, call in shape_calls(args):
+        def run_for(duration):
+            calls, start = 0, time.perf_counter()
+            while time.perf_counter() - start < duration:
+                call()
+                calls += 1
+                if calls % 8 == 0:
+                    torch.cuda.synchronize()
+            return calls
+        run_for(warm_seconds)
+        torch.cuda.synchronize()
+        sampler = subprocess.Popen(query, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        time.sleep(0.2)  # nvidia-smi's start-up, so that every sample falls under load
+        start = time.perf_counter()
+        calls = run_for(seconds)
+        sampler.terminate()  # before the queue drains
+        torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+        output = sampler.communicate()[0]
+        samples = []
+        for line in output.splitlines():
+            fields = [x.strip() for x in line.split(",")]
+            try:
+                samples.append([float(x) for x in fields[:3]] + [int(fields[3], 16)])
+            except (ValueError, IndexError):
+                pass
+        if not samples:
+            print(f"| {name} | nvidia-smi gave no samples: {output.strip()[:200]} |")
+            continue
+        mean = lambda i: sum(s[i] for s in samples) / len(samples)
+        held = 0
+        for s in samples:
+            held |= s[3]
+        reasons = ", ".join(v for bit, v in CLOCK_REASONS.items() if held & bit) or "nothing"
+        rate = calls * flops(b, h, args.n, args.d, args.causal, name.endswith("backward")) / elapsed / 1e12
+        print(f"| {name} | {rate:.0f} | {mean(0):.0f} | {mean(1):.0f} | {mean(2):.0f} | {reasons} | {len(samples)} |")
+
+
 def shape_command(args):
     """This script, run on the same shape and library: what ncu profiles."""
     return ([sys.executable, os.path.abspath(__file__), "--library", args.library, "--d", str(args.d), "--n",
@@ -196,6 +260,8 @@ def main():
     ap.add_argument("--top", type=int, default=40, help="instructions printed with --sass")
     ap.add_argument("--kernel-times", action="store_true",
                     help="each call's kernels under torch.profiler, in µs per call")
+    ap.add_argument("--clocks", action="store_true",
+                    help="each call back to back: its sustained TFLOP/s, SM clock and power")
     args = ap.parse_args()
     if args.sass:
         sample_sass(args)
@@ -203,6 +269,8 @@ def main():
         profile(args)
     elif args.kernel_times:
         kernel_times(args)
+    elif args.clocks:
+        sustained_clocks(args)
     else:
         run_shape(args)
 
