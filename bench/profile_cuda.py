@@ -129,6 +129,27 @@ def kernel_times(args, reps=20):
 CLOCK_REASONS = {0x4: "power cap", 0x8: "hw slowdown", 0x20: "sw thermal", 0x40: "hw thermal", 0x80: "power brake"}
 
 
+def parse_clock_samples(output):
+    """[(SM MHz, W, C, reason bits)] from nvidia-smi's CSV lines of clocks.sm, power.draw,
+    temperature.gpu and clocks_event_reasons.active; lines that are not samples are skipped."""
+    samples = []
+    for line in output.splitlines():
+        fields = [x.strip() for x in line.split(",")]
+        try:
+            samples.append((float(fields[0]), float(fields[1]), float(fields[2]), int(fields[3], 16)))
+        except (ValueError, IndexError):
+            pass
+    return samples
+
+
+def clock_reasons(samples):
+    """What held the clock down in any of the samples, in words."""
+    held = 0
+    for s in samples:
+        held |= s[3]
+    return ", ".join(v for bit, v in CLOCK_REASONS.items() if held & bit) or "nothing"
+
+
 def sustained_clocks(args, warm_seconds=1.0, seconds=2.5, period_ms=50):
     """Each call back to back: after `warm_seconds`, nvidia-smi samples the SM clock, power,
     temperature and the reasons the clock is held down every `period_ms` while the calls go on
@@ -165,21 +186,12 @@ def sustained_clocks(args, warm_seconds=1.0, seconds=2.5, period_ms=50):
         torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
         output = sampler.communicate()[0]
-        samples = []
-        for line in output.splitlines():
-            fields = [x.strip() for x in line.split(",")]
-            try:
-                samples.append([float(x) for x in fields[:3]] + [int(fields[3], 16)])
-            except (ValueError, IndexError):
-                pass
+        samples = parse_clock_samples(output)
         if not samples:
             print(f"| {name} | nvidia-smi gave no samples: {output.strip()[:200]} |")
             continue
         mean = lambda i: sum(s[i] for s in samples) / len(samples)
-        held = 0
-        for s in samples:
-            held |= s[3]
-        reasons = ", ".join(v for bit, v in CLOCK_REASONS.items() if held & bit) or "nothing"
+        reasons = clock_reasons(samples)
         rate = calls * flops(b, h, args.n, args.d, args.causal, name.endswith("backward")) / elapsed / 1e12
         print(f"| {name} | {rate:.0f} | {mean(0):.0f} | {mean(1):.0f} | {mean(2):.0f} | {reasons} | {len(samples)} |")
 

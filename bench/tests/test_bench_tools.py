@@ -1,6 +1,6 @@
 """The benchmark tools' logic that runs without a GPU: the SASS control-bit decoding of
-sass_stalls.py, the kernel-by-kernel comparison of sass_diff.py, and the round averaging and
-side-by-side table of compare_builds.py."""
+sass_stalls.py, the kernel-by-kernel comparison of sass_diff.py, the round averaging and
+side-by-side table of compare_builds.py, and the nvidia-smi samples of profile_cuda.py --clocks."""
 import math
 import os
 import sys
@@ -8,6 +8,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import compare_builds  # noqa: E402
+import profile_cuda  # noqa: E402
 import sass_diff  # noqa: E402
 import sass_stalls  # noqa: E402
 
@@ -142,3 +143,15 @@ def test_sm80_kernels_restore_the_callers_choice(monkeypatch):
     with bench_cuda.sm80_kernels():
         assert os.environ["FLASHATTN_CUDA_KERNELS"] == "sm80"
     assert os.environ["FLASHATTN_CUDA_KERNELS"] == "sm90"
+
+
+def test_clock_samples_parse_and_name_what_held_the_clock():
+    output = "1665, 654.12, 63, 0x0000000000000004\n" \
+             "Failed to query something\n" \
+             "1980, 510.50, 60, 0x0000000000000000\n" \
+             "1700, 600.00, 61, 0x0000000000000020\n"
+    samples = profile_cuda.parse_clock_samples(output)
+    assert samples == [(1665.0, 654.12, 63.0, 4), (1980.0, 510.5, 60.0, 0), (1700.0, 600.0, 61.0, 0x20)]
+    assert profile_cuda.clock_reasons(samples) == "power cap, sw thermal"
+    assert profile_cuda.clock_reasons(samples[1:2]) == "nothing"
+    assert profile_cuda.parse_clock_samples("[N/A], [N/A], 40, 0x0\n") == []
