@@ -40,6 +40,8 @@ METRICS = [
     "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum",
     "l1tex__throughput.avg.pct_of_peak_sustained_active",
     "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+    "lts__t_sectors.sum",
+    "lts__t_sectors_op_read.sum",
     "lts__t_sector_hit_rate.pct",
     "lts__t_sectors_op_red.sum",
     "dram__bytes_read.sum",
