@@ -2,6 +2,7 @@
 
     python bench/compare_builds.py OUT SOURCE [SOURCE ...] [--head-dims 64,128] [--full | --seqlens N,...]
         [--forward-only] [--no-sm80] [--masks causal|none] [--rounds R] [--tests | --check] [--check-first]
+        [--clocks D:N[:causal] ...] [--clocks-reference cudnn|flash|both]
 
 Each SOURCE is a source tree (a folder with CMakeLists.txt) or a git ref of this repository,
 exported with `git archive` (this checkout's third_party linked in: GoogleTest's source for the
@@ -19,7 +20,10 @@ machine's clocks falls on every build alike). The tables land in OUT/<name>/benc
 a side-by-side table of the forward, backward and deterministic backward of every build,
 averaged over the rounds, with cuDNN's from the first build's runs and each later build's gain
 over the first, is printed at the end. Kernel variants are compared within one run of one
-machine, as the figures of docs/performance.md are.
+machine, as the figures of docs/performance.md are. --clocks D:N (or D:N:causal, repeatable) then
+runs each build's kernels on that shape back to back under bench/profile_cuda.py --clocks (with
+the reference backend beside them): each build's sustained rate, SM clock and power, which tell a
+change that saves energy from one that only saves cycles when the GPU runs at its power cap.
 """
 import argparse
 import concurrent.futures
@@ -93,6 +97,17 @@ def check(folder, log):
     return ", ".join(verdicts)
 
 
+def clocks_command(spec, library, reference):
+    """bench/profile_cuda.py --clocks on the shape `spec` (D:N or D:N:causal) with `library`."""
+    parts = spec.split(":")
+    if (len(parts) not in (2, 3) or not all(p.isdigit() for p in parts[:2])
+            or (len(parts) == 3 and parts[2] != "causal")):
+        raise ValueError(f"--clocks takes D:N or D:N:causal, not {spec!r}")
+    return ([sys.executable, os.path.join(ROOT, "bench", "profile_cuda.py"), "--library", library,
+             "--d", parts[0], "--n", parts[1], "--reference", reference, "--clocks"]
+            + (["--causal"] if len(parts) == 3 else []))
+
+
 def tested_sources(count, tests, check_first):
     """Which of `count` sources get their tests built (and, with --check, run): all but the
     first, the reference, unless check_first."""
@@ -159,7 +174,16 @@ def main():
     ap.add_argument("--check", action="store_true",
                     help="build and run each source's CUDA tests, and memcheck, racecheck and synccheck on a subset")
     ap.add_argument("--check-first", action="store_true", help="--tests and --check the first source too")
+    ap.add_argument("--clocks", action="append", default=[], metavar="D:N[:causal]",
+                    help="after the rounds, each build's sustained rate, SM clock and power on this shape")
+    ap.add_argument("--clocks-reference", choices=("cudnn", "flash", "both"), default="cudnn",
+                    help="the SDPA backend run beside each build under --clocks")
     args = ap.parse_args()
+    try:  # a bad shape stops the run before anything is built
+        for spec in args.clocks:
+            clocks_command(spec, "", args.clocks_reference)
+    except ValueError as e:
+        ap.error(str(e))
     args.tests = args.tests or args.check
     os.makedirs(args.out, exist_ok=True)
 
@@ -213,6 +237,16 @@ def main():
     if not results:
         sys.exit(1)
     print(side_by_side(results))
+    for spec in args.clocks:
+        for (name, _), folder, ok in zip(trees, folders, built):
+            if not ok:
+                continue
+            command = clocks_command(spec, os.path.join(folder, "build", "libflashattn.so"), args.clocks_reference)
+            result = subprocess.run(command, capture_output=True, text=True)
+            table = result.stdout if result.returncode == 0 else result.stdout + result.stderr[-2000:]
+            with open(os.path.join(folder, f"clocks-{spec.replace(':', '-')}.md"), "w") as f:
+                f.write(table)
+            print(f"\n{name}, {spec}:\n{table}")
 
 
 if __name__ == "__main__":

@@ -155,3 +155,17 @@ def test_clock_samples_parse_and_name_what_held_the_clock():
     assert profile_cuda.clock_reasons(samples) == "power cap, sw thermal"
     assert profile_cuda.clock_reasons(samples[1:2]) == "nothing"
     assert profile_cuda.parse_clock_samples("[N/A], [N/A], 40, 0x0\n") == []
+
+
+def test_clocks_command_takes_a_shape_and_refuses_others():
+    command = compare_builds.clocks_command("128:16384:causal", "lib.so", "cudnn")
+    assert command[1].endswith("profile_cuda.py")
+    assert command[2:] == ["--library", "lib.so", "--d", "128", "--n", "16384", "--reference", "cudnn", "--clocks",
+                           "--causal"]
+    assert "--causal" not in compare_builds.clocks_command("64:1024", "lib.so", "flash")
+    for bad in ("128", "128:1k", "128:1024:masked", "a:b"):
+        try:
+            compare_builds.clocks_command(bad, "lib.so", "cudnn")
+        except ValueError:
+            continue
+        raise AssertionError(f"{bad!r} was accepted")
