@@ -8,7 +8,9 @@ namespace flashattn::cuda {
 // Copies 16 bytes from `src` to shared address `dst`; when !valid it writes 16 zero bytes
 // instead and reads nothing: source size 0, so `src` may lie outside every allocation (a tile's
 // rows past the end of a tensor keep their computed addresses, and no select is spent on them;
-// tested on the GPU with addresses gigabytes away, memcheck clean).
+// tested on the GPU with addresses gigabytes away, memcheck clean). ptxas compiles this to the
+// predicated LDGSTS that PTX's ignore-src form (source ignored, zeros copied) compiles to as well,
+// up to the predicate's polarity.
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
