@@ -97,15 +97,20 @@ def check(folder, log):
     return ", ".join(verdicts)
 
 
-def clocks_command(spec, library, reference):
-    """bench/profile_cuda.py --clocks on the shape `spec` (D:N or D:N:causal) with `library`."""
+def clock_shape(spec):
+    """(d, n, causal) of a --clocks shape, D:N or D:N:causal (argparse's type for it)."""
     parts = spec.split(":")
     if (len(parts) not in (2, 3) or not all(p.isdigit() for p in parts[:2])
             or (len(parts) == 3 and parts[2] != "causal")):
-        raise ValueError(f"--clocks takes D:N or D:N:causal, not {spec!r}")
+        raise argparse.ArgumentTypeError(f"expected D:N or D:N:causal, not {spec!r}")
+    return int(parts[0]), int(parts[1]), len(parts) == 3
+
+
+def clocks_command(shape, library, reference):
+    """bench/profile_cuda.py --clocks on `shape` (clock_shape's) with `library`."""
+    d, n, causal = shape
     return ([sys.executable, os.path.join(ROOT, "bench", "profile_cuda.py"), "--library", library,
-             "--d", parts[0], "--n", parts[1], "--reference", reference, "--clocks"]
-            + (["--causal"] if len(parts) == 3 else []))
+             "--d", str(d), "--n", str(n), "--reference", reference, "--clocks"] + (["--causal"] if causal else []))
 
 
 def tested_sources(count, tests, check_first):
@@ -174,16 +179,11 @@ def main():
     ap.add_argument("--check", action="store_true",
                     help="build and run each source's CUDA tests, and memcheck, racecheck and synccheck on a subset")
     ap.add_argument("--check-first", action="store_true", help="--tests and --check the first source too")
-    ap.add_argument("--clocks", action="append", default=[], metavar="D:N[:causal]",
+    ap.add_argument("--clocks", type=clock_shape, action="append", default=[], metavar="D:N[:causal]",
                     help="after the rounds, each build's sustained rate, SM clock and power on this shape")
     ap.add_argument("--clocks-reference", choices=("cudnn", "flash", "both"), default="cudnn",
                     help="the SDPA backend run beside each build under --clocks")
     args = ap.parse_args()
-    try:  # a bad shape stops the run before anything is built
-        for spec in args.clocks:
-            clocks_command(spec, "", args.clocks_reference)
-    except ValueError as e:
-        ap.error(str(e))
     args.tests = args.tests or args.check
     os.makedirs(args.out, exist_ok=True)
 
@@ -237,16 +237,17 @@ def main():
     if not results:
         sys.exit(1)
     print(side_by_side(results))
-    for spec in args.clocks:
+    for shape in args.clocks:
+        label = f"d{shape[0]}-n{shape[1]}" + ("-causal" if shape[2] else "")
         for (name, _), folder, ok in zip(trees, folders, built):
             if not ok:
                 continue
-            command = clocks_command(spec, os.path.join(folder, "build", "libflashattn.so"), args.clocks_reference)
+            command = clocks_command(shape, os.path.join(folder, "build", "libflashattn.so"), args.clocks_reference)
             result = subprocess.run(command, capture_output=True, text=True)
             table = result.stdout if result.returncode == 0 else result.stdout + result.stderr[-2000:]
-            with open(os.path.join(folder, f"clocks-{spec.replace(':', '-')}.md"), "w") as f:
+            with open(os.path.join(folder, f"clocks-{label}.md"), "w") as f:
                 f.write(table)
-            print(f"\n{name}, {spec}:\n{table}")
+            print(f"\n{name}, {label}:\n{table}")
 
 
 if __name__ == "__main__":

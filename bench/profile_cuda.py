@@ -169,21 +169,24 @@ def sustained_clocks(args, warm_seconds=1.0, seconds=2.5, period_ms=50):
     print("| call | TFLOP/s | SM clock (MHz) | power (W) | temperature (C) | clock held by | samples |")
     print("|---|---|---|---|---|---|---|")
     query = smi + ["--query-gpu=clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active", f"-lms={period_ms}"]
+
+    def run_for(call, duration):
+        """Calls `call` back to back for `duration` seconds (a few queued at a time); how many."""
+        calls, start = 0, time.perf_counter()
+        while time.perf_counter() - start < duration:
+            call()
+            calls += 1
+            if calls % 8 == 0:
+                torch.cuda.synchronize()
+        return calls
+
     for name, call in shape_calls(args):
-        def run_for(duration):
-            calls, start = 0, time.perf_counter()
-            while time.perf_counter() - start < duration:
-                call()
-                calls += 1
-                if calls % 8 == 0:
-                    torch.cuda.synchronize()
-            return calls
-        run_for(warm_seconds)
+        run_for(call, warm_seconds)
         torch.cuda.synchronize()
         sampler = subprocess.Popen(query, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         time.sleep(0.2)  # nvidia-smi's start-up, so that every sample falls under load
         start = time.perf_counter()
-        calls = run_for(seconds)
+        calls = run_for(call, seconds)
         sampler.terminate()  # before the queue drains
         torch.cuda.synchronize()
         elapsed = time.perf_counter() - start

@@ -1,6 +1,7 @@
 """The benchmark tools' logic that runs without a GPU: the SASS control-bit decoding of
 sass_stalls.py, the kernel-by-kernel comparison of sass_diff.py, the round averaging and
 side-by-side table of compare_builds.py, and the nvidia-smi samples of profile_cuda.py --clocks."""
+import argparse
 import math
 import os
 import sys
@@ -158,14 +159,15 @@ def test_clock_samples_parse_and_name_what_held_the_clock():
 
 
 def test_clocks_command_takes_a_shape_and_refuses_others():
-    command = compare_builds.clocks_command("128:16384:causal", "lib.so", "cudnn")
+    assert compare_builds.clock_shape("128:16384:causal") == (128, 16384, True)
+    command = compare_builds.clocks_command(compare_builds.clock_shape("128:16384:causal"), "lib.so", "cudnn")
     assert command[1].endswith("profile_cuda.py")
     assert command[2:] == ["--library", "lib.so", "--d", "128", "--n", "16384", "--reference", "cudnn", "--clocks",
                            "--causal"]
-    assert "--causal" not in compare_builds.clocks_command("64:1024", "lib.so", "flash")
+    assert "--causal" not in compare_builds.clocks_command(compare_builds.clock_shape("64:1024"), "lib.so", "flash")
     for bad in ("128", "128:1k", "128:1024:masked", "a:b"):
         try:
-            compare_builds.clocks_command(bad, "lib.so", "cudnn")
-        except ValueError:
+            compare_builds.clock_shape(bad)
+        except argparse.ArgumentTypeError:
             continue
         raise AssertionError(f"{bad!r} was accepted")
