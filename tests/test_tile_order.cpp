@@ -139,17 +139,18 @@ TEST(HeadGroups, GroupedBlocksDecodeToConsecutiveHeads) {
   EXPECT_EQ(grouped_head(2, 1, 4), 9);
 }
 
-// Tall tiles (three consumers, 192 rows) only at d <= 64, and only where they compute at most 4%
-// more rows than 128-row tiles.
+// Tall tiles (three consumers, 192 rows) only up to d = 128, and only where they compute at most
+// 4% more rows than 128-row tiles.
 TEST(ForwardTileShape, TallTilesWhereTheyWasteNoRows) {
-  EXPECT_EQ(forward_shape(64, true).block_m, 192);
-  EXPECT_EQ(forward_shape(64, false).block_m, 128);
-  for (int64_t n : {129, 150, 192, 2048, 4096, 16384, 16000}) EXPECT_TRUE(forward_tall(64, n)) << "N = " << n;
-  for (int64_t n : {1, 17, 64, 128, 193, 256, 1000, 1024}) EXPECT_FALSE(forward_tall(64, n)) << "N = " << n;
-  for (int64_t n : {150, 4096, 16384}) {
-    EXPECT_FALSE(forward_tall(128, n)) << "N = " << n;
-    EXPECT_FALSE(forward_tall(256, n)) << "N = " << n;
+  for (int d : {64, 128}) {
+    EXPECT_EQ(forward_shape(d, true).block_m, 192);
+    EXPECT_EQ(forward_shape(d, false).block_m, 128);
+    for (int64_t n : {129, 150, 192, 2048, 4096, 16384, 16000}) EXPECT_TRUE(forward_tall(d, n)) << d << ", N = " << n;
+    for (int64_t n : {1, 17, 64, 128, 193, 256, 1000, 1024}) EXPECT_FALSE(forward_tall(d, n)) << d << ", N = " << n;
   }
+  EXPECT_EQ(forward_shape(64, true).block_n, 96);
+  EXPECT_EQ(forward_shape(128, true).block_n, 64);
+  for (int64_t n : {150, 4096, 16384}) EXPECT_FALSE(forward_tall(256, n)) << "N = " << n;
 }
 
 // Every sm90 kernel fits the 232448 bytes of shared memory a Hopper block may have; the d = 64

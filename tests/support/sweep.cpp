@@ -121,7 +121,7 @@ std::vector<NamedCase> feature_sweep(flashattn_dtype t, const std::vector<int>& 
   varlen_bhsd.layout = Layout::bhsd;
   s.push_back({"varlen_window_bhsd", varlen_bhsd});
   // More tiles than a GPU has multiprocessors (a grid that hands out tiles in several rounds).
-  // 144 tiles of 192 rows at d <= 64 (sm90::forward_tall), 288 of 128 rows above.
+  // 144 tiles of 192 rows up to d = 128 (sm90::forward_tall), 288 of 128 rows above.
   s.push_back({"many_tiles_causal_gqa", causal(dense(t, d, 4, 36, 6, 160, 160))});
   // More query tiles than multiprocessors, two of each head's three without a visible key (rows
   // 0..259 see none), so a persistent block meets tiles without keys between tiles with keys.

@@ -336,11 +336,19 @@ struct Consumer {
     fence_registers(flat<kD>(o));
   }
 
+  // This warp's index in its warpgroup, read through a shuffle from lane 0 so that the compiler
+  // knows it uniform and keeps it in a uniform register. Where it would otherwise live through the
+  // tile loop in a vector register, the d = 128 tall tiles' 160 registers spill it; elsewhere the
+  // shuffle makes kernels spill (d = 64) or only changes their code, so they keep the plain index.
+  static constexpr bool kUniformWarp = kTall && kD == 128;
+  __device__ static int uniform_warp() { return __shfl_sync(0xffffffffu, (int(threadIdx.x) % 128) / 32, 0); }
+
   // The tile's rule, first row and diagonals.
   __device__ void begin_tile(const ForwardTile& t) {
     rule = ScoreRule::make(p, t.seq, t.b, t.h);
     m0 = t.m0;
-    const int lane_row = m0 + 64 * wg + 16 * ((int(threadIdx.x) % 128) / 32) + (int(threadIdx.x) % 32) / 4;
+    const int warp = kUniformWarp ? uniform_warp() : (int(threadIdx.x) % 128) / 32;
+    const int lane_row = m0 + 64 * wg + 16 * warp + (int(threadIdx.x) % 32) / 4;
     diag[0] = int(rule.window.diagonal(lane_row));
     diag[1] = int(rule.window.diagonal(lane_row + 8));
   }
@@ -624,7 +632,7 @@ struct Consumer {
   // O tile), or fp32 partials straight from registers when the keys are split.
   __device__ void finish(const ForwardTile& t) {
     const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-    const int wg_row = 64 * wg, warp_row = wg_row + 16 * ((threadIdx.x % 128) / 32);
+    const int wg_row = 64 * wg, warp_row = wg_row + 16 * (kUniformWarp ? uniform_warp() : int(threadIdx.x % 128 / 32));
     const int row0 = t.m0 + warp_row;  // sequence row of this warp's first query row
     float lse[2];
     // The rule's exp_scale (the same for every tile), from the parameters: the rule may already
@@ -702,7 +710,8 @@ struct Consumer {
   // serialise every wgmma of the kernel for a write to them. Its chunk loop stays apart from
   // finish's: one loop for both, given each chunk's value, made a d = 64 kernel spill 24 bytes.
   __device__ void finish_keyless(const ForwardTile& t) const {
-    const int wg_row = 64 * wg, row0 = t.m0 + wg_row + 16 * ((int(threadIdx.x) % 128) / 32);
+    const int warp = kUniformWarp ? uniform_warp() : (int(threadIdx.x) % 128) / 32;
+    const int wg_row = 64 * wg, row0 = t.m0 + wg_row + 16 * warp;
     const float lse[2] = {-INFINITY, -INFINITY};
     if (p.num_splits > 1) {
       const int64_t head_rows = (int64_t(t.split) * p.heads_q + t.h) * p.rows_q + t.seq.packed_q;
