@@ -124,9 +124,22 @@ std::vector<NamedCase> cuda_sweep(flashattn_dtype dtype) {
       cases.push_back({c.name + "_head_dim_256", std::move(c.spec)});
       ++wide_cases;
     }
-  // A renamed feature would drop its d = 256 case without a word.
-  if (wide_cases != wide_features.size())
-    throw std::logic_error("cuda_sweep: a d = 256 feature case names no case of feature_sweep");
+  // The sm_90a forward takes 192-row tiles at d = 128 as well (sm90::forward_tall: from 129 query
+  // rows where they compute few more rows than 128-row tiles), with 64-key steps and the lazy
+  // rescale, which the d = 64 tall tiles do not have: the features of more than 128 query rows
+  // again at d = 128.
+  const std::set<std::string> tall_features{"more_queries_than_keys", "causal_more_queries", "window_right",
+                                            "window_both",            "varlen_window_bhsd",  "many_tiles_causal_gqa",
+                                            "many_tiles_keyless_rows"};
+  size_t tall_cases = 0;
+  for (NamedCase& c : feature_sweep(dtype, {128}))
+    if (tall_features.count(c.name)) {
+      cases.push_back({c.name + "_head_dim_128", std::move(c.spec)});
+      ++tall_cases;
+    }
+  // A renamed feature would drop its case without a word.
+  if (wide_cases != wide_features.size() || tall_cases != tall_features.size())
+    throw std::logic_error("cuda_sweep: a d = 128 or 256 feature case names no case of feature_sweep");
   for (NamedCase& c : random_sweep(dtype, head_dims, 16, 11 + uint64_t(dtype))) cases.push_back(std::move(c));
   for (NamedCase& c : cases) {
     c.spec.backend = FLASHATTN_BACKEND_CUDA;
