@@ -584,7 +584,8 @@ struct Consumer {
       const KeyBlocks blocks = tile_key_blocks<C>(p, t, rule);
       // Without keys there is no product to overlap; the score-transform kernel and the tall
       // tiles' three consumers (160 registers each) finish the current tile first as well: the
-      // rule's extra terms, or the next tile's S beside O, P and the epilogue would spill.
+      // rule's extra terms, or at d = 64 the next tile's S beside O, P and the epilogue, would
+      // spill (at d = 128 the tall tiles' overlap compiles without spills, not measured yet).
       const bool overlap = !kGeneral && !kTall && blocks.begin < blocks.end;
       if (current >= 0 && !overlap) {
         finish_current(current, ring, pa);
