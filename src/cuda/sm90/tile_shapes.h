@@ -28,8 +28,8 @@ struct ForwardShape {
 // the time of two others' GEMMs instead of one's, and K and V are read once per 192 query rows
 // instead of 128, a third fewer bytes from L2 per FLOP, which counts where the GPU runs at its
 // power cap. Their 160 registers hold O, S and P of 96 keys at d = 64 and of 64 at d = 128 (80
-// keys spill there). Measured on the H200 at d = 128 against 128-row tiles: +4.5 to +6.8% from 4k
-// keys non-causal, +5 to +9% causal (2k: +1.2%, causal -2.1%).
+// keys spill there). Measured on the H200 at d = 128 against 128-row tiles: +5.4 to +7.9% from 2k
+// keys non-causal, +7.5 to +8.8% causal from 8k (2k and 4k causal: -2 to +5% over two runs).
 constexpr ForwardShape forward_shape(int head_dim, bool tall) {
   return tall && head_dim <= 64 ? ForwardShape{192, 96, 2, 2, true}
          : tall                 ? ForwardShape{192, 64, 2, 3, true}
