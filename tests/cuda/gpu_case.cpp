@@ -95,6 +95,20 @@ flashattn_status GpuCase::backward() {
   return s;
 }
 
+// The feature cases named in `features` again at head dim `head_dim`, named <case>_head_dim_<d>.
+// A renamed feature would drop its case without a word: every name must find its case.
+static void append_features_at(std::vector<NamedCase>& cases, flashattn_dtype dtype,
+                               const std::set<std::string>& features, int head_dim) {
+  size_t found = 0;
+  for (NamedCase& c : feature_sweep(dtype, {head_dim}))
+    if (features.count(c.name)) {
+      cases.push_back({c.name + "_head_dim_" + std::to_string(head_dim), std::move(c.spec)});
+      ++found;
+    }
+  if (found != features.size())
+    throw std::logic_error("cuda_sweep: a d = " + std::to_string(head_dim) + " feature names no case of feature_sweep");
+}
+
 std::vector<NamedCase> cuda_sweep(flashattn_dtype dtype) {
   // 64 first (the default of the feature cases); 40 and 72 round up to 64 and 96.
   const std::vector<int> head_dims{64, 40, 72, 96, 128, 192, 256};
@@ -118,12 +132,7 @@ std::vector<NamedCase> cuda_sweep(flashattn_dtype dtype) {
                                             "many_tiles_causal_gqa",
                                             "many_tiles_keyless_rows",
                                             "varlen_many_tiles_causal"};
-  size_t wide_cases = 0;
-  for (NamedCase& c : feature_sweep(dtype, {256}))
-    if (wide_features.count(c.name)) {
-      cases.push_back({c.name + "_head_dim_256", std::move(c.spec)});
-      ++wide_cases;
-    }
+  append_features_at(cases, dtype, wide_features, 256);
   // The sm_90a forward takes 192-row tiles at d = 128 as well (sm90::forward_tall: from 129 query
   // rows where they compute few more rows than 128-row tiles), with 64-key steps and the lazy
   // rescale, which the d = 64 tall tiles do not have: the features of more than 128 query rows
@@ -131,15 +140,7 @@ std::vector<NamedCase> cuda_sweep(flashattn_dtype dtype) {
   const std::set<std::string> tall_features{"more_queries_than_keys", "causal_more_queries", "window_right",
                                             "window_both",            "varlen_window_bhsd",  "many_tiles_causal_gqa",
                                             "many_tiles_keyless_rows"};
-  size_t tall_cases = 0;
-  for (NamedCase& c : feature_sweep(dtype, {128}))
-    if (tall_features.count(c.name)) {
-      cases.push_back({c.name + "_head_dim_128", std::move(c.spec)});
-      ++tall_cases;
-    }
-  // A renamed feature would drop its case without a word.
-  if (wide_cases != wide_features.size() || tall_cases != tall_features.size())
-    throw std::logic_error("cuda_sweep: a d = 128 or 256 feature case names no case of feature_sweep");
+  append_features_at(cases, dtype, tall_features, 128);
   for (NamedCase& c : random_sweep(dtype, head_dims, 16, 11 + uint64_t(dtype))) cases.push_back(std::move(c));
   for (NamedCase& c : cases) {
     c.spec.backend = FLASHATTN_BACKEND_CUDA;
