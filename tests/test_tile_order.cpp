@@ -139,17 +139,25 @@ TEST(HeadGroups, GroupedBlocksDecodeToConsecutiveHeads) {
   EXPECT_EQ(grouped_head(2, 1, 4), 9);
 }
 
-// Tall tiles (three consumers, 192 rows) only up to d = 128, and only where they compute at most
-// 4% more rows than 128-row tiles.
+// Tall tiles (four consumers and 256 rows at d = 64, three and 192 at d = 128) only up to
+// d = 128, and only where they compute at most 4% more rows than 128-row tiles.
 TEST(ForwardTileShape, TallTilesWhereTheyWasteNoRows) {
-  for (int d : {64, 128}) {
-    EXPECT_EQ(forward_shape(d, true).block_m, 192);
-    EXPECT_EQ(forward_shape(d, false).block_m, 128);
-    for (int64_t n : {129, 150, 192, 2048, 4096, 16384, 16000}) EXPECT_TRUE(forward_tall(d, n)) << d << ", N = " << n;
-    for (int64_t n : {1, 17, 64, 128, 193, 256, 1000, 1024}) EXPECT_FALSE(forward_tall(d, n)) << d << ", N = " << n;
-  }
-  EXPECT_EQ(forward_shape(64, true).block_n, 96);
+  EXPECT_EQ(forward_shape(64, true).block_m, 256);
+  EXPECT_EQ(forward_shape(128, true).block_m, 192);
+  EXPECT_EQ(forward_shape(64, true).block_n, 64);
   EXPECT_EQ(forward_shape(128, true).block_n, 64);
+  for (int d : {64, 128}) {
+    EXPECT_EQ(forward_shape(d, false).block_m, 128);
+    for (int64_t n : {129, 150, 192, 2048, 4096, 16384}) EXPECT_TRUE(forward_tall(d, n)) << d << ", N = " << n;
+    for (int64_t n : {1, 17, 64, 128}) EXPECT_FALSE(forward_tall(d, n)) << d << ", N = " << n;
+  }
+  // d = 64: 1000 and 1024 rows fill four 256-row tiles as they fill eight of 128 rows; 257 to
+  // 384 rows would compute 512.
+  for (int64_t n : {256, 1000, 1024, 16000}) EXPECT_TRUE(forward_tall(64, n)) << "N = " << n;
+  for (int64_t n : {257, 300, 384, 600}) EXPECT_FALSE(forward_tall(64, n)) << "N = " << n;
+  // d = 128: 1024 rows would take six 192-row tiles, 1152 rows.
+  EXPECT_TRUE(forward_tall(128, 16000));
+  for (int64_t n : {193, 256, 1000, 1024}) EXPECT_FALSE(forward_tall(128, n)) << "N = " << n;
   for (int64_t n : {150, 4096, 16384}) EXPECT_FALSE(forward_tall(256, n)) << "N = " << n;
 }
 

@@ -133,13 +133,13 @@ std::vector<NamedCase> cuda_sweep(flashattn_dtype dtype) {
                                             "many_tiles_keyless_rows",
                                             "varlen_many_tiles_causal"};
   append_features_at(cases, dtype, wide_features, 256);
-  // The sm_90a forward takes 192-row tiles at d = 128 as well (sm90::forward_tall: from 129 query
-  // rows where they compute few more rows than 128-row tiles), with 64-key steps and the lazy
-  // rescale, which the d = 64 tall tiles do not have: the features of more than 128 query rows
+  // The sm_90a forward takes tall tiles at d = 128 as well (sm90::forward_tall: from 129 query
+  // rows where they compute few more rows than 128-row tiles), 192 rows with the lazy rescale,
+  // which the d = 64 tall tiles (256 rows) do not have: the features of more than 128 query rows
   // again at d = 128.
   const std::set<std::string> tall_features{"more_queries_than_keys", "causal_more_queries", "window_right",
                                             "window_both",            "varlen_window_bhsd",  "many_tiles_causal_gqa",
-                                            "many_tiles_keyless_rows"};
+                                            "many_tiles_keyless_rows", "softcap_alibi_tall_rows"};
   append_features_at(cases, dtype, tall_features, 128);
   for (NamedCase& c : random_sweep(dtype, head_dims, 16, 11 + uint64_t(dtype))) cases.push_back(std::move(c));
   for (NamedCase& c : cases) {

@@ -109,6 +109,11 @@ std::vector<NamedCase> feature_sweep(flashattn_dtype t, const std::vector<int>& 
   Case alibi_batch = dense(t, d, 2, 3, 1, 70, 150);
   alibi_batch.alibi = Alibi::per_batch_head;
   s.push_back({"alibi_per_batch_and_head", alibi_batch});
+  // More than 128 query rows: the sm_90a forward's tall tiles with the score transform.
+  Case transformed_tall = causal(dense(t, d, 2, 3, 1, 180, 170));
+  transformed_tall.softcap = 5.f;
+  transformed_tall.alibi = Alibi::per_batch_head;
+  s.push_back({"softcap_alibi_tall_rows", transformed_tall});
   Case scaled = dense(t, d, 1, 2, 2, 50, 70);
   scaled.softmax_scale = 0.3f;
   s.push_back({"explicit_scale", scaled});
@@ -121,7 +126,8 @@ std::vector<NamedCase> feature_sweep(flashattn_dtype t, const std::vector<int>& 
   varlen_bhsd.layout = Layout::bhsd;
   s.push_back({"varlen_window_bhsd", varlen_bhsd});
   // More tiles than a GPU has multiprocessors (a grid that hands out tiles in several rounds).
-  // 144 tiles of 192 rows up to d = 128 (sm90::forward_tall), 288 of 128 rows above.
+  // 144 tiles of 256 rows at d = 64 and 192 at d = 128 (sm90::forward_tall), 288 of 128 rows
+  // above.
   s.push_back({"many_tiles_causal_gqa", causal(dense(t, d, 4, 36, 6, 160, 160))});
   // More query tiles than multiprocessors, two of each head's three without a visible key (rows
   // 0..259 see none), so a persistent block meets tiles without keys between tiles with keys.

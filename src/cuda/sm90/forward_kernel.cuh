@@ -1,7 +1,7 @@
 // Forward attention on sm_90a: TMA, wgmma and warp specialisation (the FlashAttention-3 scheme).
 //
-// A block of a producer and two or three consumer warpgroups owns a tile of 128 or 192 query
-// rows of one (batch, head) (forward_shape). The producer warpgroup gives up its registers and
+// A block of a producer and two to four consumer warpgroups owns a tile of 128, 192 or 256
+// query rows of one (batch, head) (forward_shape). The producer warpgroup gives up its registers and
 // one thread streams Q once and K/V tiles through a ring of shared-memory stages by TMA, each
 // stage guarded by a `full` mbarrier (bytes landed) and an `empty` one (consumers done). Each
 // consumer warpgroup owns 64 query rows: S = Q K^T with both operands in shared memory, the
@@ -73,10 +73,11 @@ struct ForwardConfig {
   static_assert(kSmemBytes == forward_smem_bytes(kD, kTall), "the host reads the same size");
   // Register budgets after reallocation (multiples of 8), within the block's launch allocation
   // (64 K registers shared by kThreads threads, in multiples of 8 per thread).
-  static constexpr int kProducerRegisters = 24, kConsumerRegisters = kConsumers == 2 ? 240 : 160;
+  static constexpr int kProducerRegisters = 24,
+                       kConsumerRegisters = kConsumers == 2 ? 240 : kConsumers == 3 ? 160 : 112;
   static_assert(128 * kProducerRegisters + 128 * kConsumers * kConsumerRegisters <= kThreads * (65536 / kThreads / 8 * 8),
                 "setmaxnreg moves registers inside the block's launch allocation");
-  static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups");
+  static_assert(kConsumers >= 2 && kConsumers <= 4, "two to four consumer warpgroups");
   // Named barriers: 1 + c is consumer c's turn to issue GEMMs, 1 + kConsumers + c its epilogue,
   // 1 + 2 kConsumers + c its vote on O's rescale.
   static constexpr int kTurnBarrier = 1, kEpilogueBarrier = 1 + kConsumers, kRescaleBarrier = 1 + 2 * kConsumers;
@@ -127,7 +128,9 @@ struct TileOrder {
 };
 
 // A tile's coordinates as the producer thread worked them out from its index: the divisions
-// stay off the consumers' path from one tile to the next. (The sequence bounds, loads for varlen
+// stay off the consumers' path from one tile to the next. With four consumers (112 registers) the
+// ticket also numbers the tile's Q load, which the consumers would otherwise count themselves in
+// a register that spills. (The sequence bounds, loads for varlen
 // batches, and the key blocks the consumers work out themselves: held through the producer's
 // tile wait, they would spill at its 24 registers.) index < 0: no tile left.
 struct TileTicket {
@@ -143,7 +146,7 @@ struct TileTicket {
     return t;
   }
 };
-static_assert(sizeof(TileTicket) <= kForwardTicketBytes, "a ticket fits its slot");
+static_assert(sizeof(TileTicket) + 4 <= kForwardTicketBytes, "a ticket and its Q load's number fit a slot");
 
 // The tile slots (tile_shapes.h): the producer writes a tile's ticket in slot j % kForwardTileSlots
 // and arrives on the slot's full barrier; every consumer thread reads it there when it begins the
@@ -156,6 +159,12 @@ struct TileSlots {
     asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(t.b), "r"(t.h), "r"(t.m0), "r"(t.split)
                  : "memory");
     store(a + uint32_t(offsetof(TileTicket, index)), index);
+  }
+  __device__ void publish_q_load(int slot, uint32_t q_loads) const {
+    store(base + kForwardTicketBytes * slot + uint32_t(sizeof(TileTicket)), int(q_loads));
+  }
+  __device__ uint32_t read_q_load(int slot) const {
+    return uint32_t(load(base + kForwardTicketBytes * slot + uint32_t(sizeof(TileTicket))));
   }
   __device__ void publish_none(int slot) const {
     store(base + kForwardTicketBytes * slot + uint32_t(offsetof(TileTicket, index)), -1);
@@ -271,6 +280,7 @@ __device__ void produce(const ForwardArgs& args, uint32_t smem) {
       if (t.m0 < t.seq.seqlen_q) {
         mbarrier_wait(bars.tile_empty(slot), free_parity);
         slots.publish(slot, t, index);
+        if constexpr (C::kConsumers == 4) slots.publish_q_load(slot, q_loads);
         mbarrier_arrive(bars.tile_full(slot));
         ++j;
         produce_tile<C>(args, t, tile_key_blocks<C>(p, t), smem, bars, ring, q_loads);
@@ -343,12 +353,28 @@ struct Consumer {
   static constexpr bool kUniformWarp = kTall && kD == 128;
   __device__ static int uniform_warp() { return __shfl_sync(0xffffffffu, (int(threadIdx.x) % 128) / 32, 0); }
 
+  // Four consumers have 112 registers each. What a tile's start and epilogue derive from the
+  // thread's index (rows, swizzled offsets) would live through the tile loop and spill, so they
+  // read the index anew (a volatile read, which the compiler neither hoists nor keeps), and the
+  // Q load's number comes with the tile's ticket instead of a count of their own.
+  static constexpr bool kTightRegisters = C::kConsumers == 4;
+  __device__ static uint32_t thread_index() {
+    if constexpr (kTightRegisters) {
+      uint32_t t;
+      asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
+      return t;
+    } else {
+      return threadIdx.x;
+    }
+  }
+
   // The tile's rule, first row and diagonals.
   __device__ void begin_tile(const ForwardTile& t) {
     rule = ScoreRule::make(p, t.seq, t.b, t.h);
     m0 = t.m0;
-    const int warp = kUniformWarp ? uniform_warp() : (int(threadIdx.x) % 128) / 32;
-    const int lane_row = m0 + 64 * wg + 16 * warp + (int(threadIdx.x) % 32) / 4;
+    const int tid = int(thread_index());
+    const int warp = kUniformWarp ? uniform_warp() : tid % 128 / 32;
+    const int lane_row = m0 + 64 * wg + 16 * warp + tid % 32 / 4;
     diag[0] = int(rule.window.diagonal(lane_row));
     diag[1] = int(rule.window.diagonal(lane_row + 8));
   }
@@ -583,9 +609,9 @@ struct Consumer {
       begin_tile(t);  // the current tile's epilogue needs none of the rule's state
       const KeyBlocks blocks = tile_key_blocks<C>(p, t, rule);
       // Without keys there is no product to overlap; the score-transform kernel and the tall
-      // tiles' three consumers (160 registers each) finish the current tile first as well: the
-      // rule's extra terms, or at d = 64 the next tile's S beside O, P and the epilogue, would
-      // spill (at d = 128 the tall tiles' overlap compiles without spills, not measured yet).
+      // tiles finish the current tile first as well: the rule's extra terms, or at d = 64 the
+      // next tile's S beside O, P and the epilogue, would spill; at d = 128 the tall tiles'
+      // overlap compiles without spills but measured 1 to 4% slower from 2k keys.
       const bool overlap = !kGeneral && !kTall && blocks.begin < blocks.end;
       if (current >= 0 && !overlap) {
         finish_current(current, ring, pa);
@@ -598,10 +624,10 @@ struct Consumer {
       }
       if (current >= 0) {
         const int v_stage = issue_last(ring - 1, pa, true);
-        issue_first(ring, q_loads & 1u, s);
+        issue_first(ring, q_parity(slots, slot, q_loads), s);
         finish_tile<1>(current, v_stage);  // S stays in flight
       } else {
-        issue_first(ring, q_loads & 1u, s);
+        issue_first(ring, q_parity(slots, slot, q_loads), s);
       }
       reset_rows();
       complete_first(blocks, ring, s, pa, correction);
@@ -613,6 +639,10 @@ struct Consumer {
     }
     if (current >= 0) finish_current(current, ring, pa);
     if (wg == 0) take_turn();  // the last consumer's final pass
+  }
+  // The phase of the Q load of the tile in `slot`, the consumers' `q_loads`-th.
+  __device__ static uint32_t q_parity(const TileSlots& slots, int slot, uint32_t q_loads) {
+    return (kTightRegisters ? slots.read_q_load(slot) : q_loads) & 1u;
   }
   // The current tile's last O += P V (its V at ring position ring - 1), then its epilogue.
   __device__ void finish_current(int slot, int ring, uint32_t (&pa)[kN / 16][4]) {
@@ -632,8 +662,9 @@ struct Consumer {
   // to coalesced 16-byte stores, or persistent at d = 256 straight from registers (no room for an
   // O tile), or fp32 partials straight from registers when the keys are split.
   __device__ void finish(const ForwardTile& t) {
-    const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-    const int wg_row = 64 * wg, warp_row = wg_row + 16 * (kUniformWarp ? uniform_warp() : int(threadIdx.x % 128 / 32));
+    const uint32_t tid = thread_index();
+    const int lane = tid % 32, g = lane / 4, q = lane % 4;
+    const int wg_row = 64 * wg, warp_row = wg_row + 16 * (kUniformWarp ? uniform_warp() : int(tid % 128 / 32));
     const int row0 = t.m0 + warp_row;  // sequence row of this warp's first query row
     float lse[2];
     // The rule's exp_scale (the same for every tile), from the parameters: the rule may already
@@ -663,7 +694,7 @@ struct Consumer {
                 pack2<T>(o[dt][2 * half], o[dt][2 * half + 1]);
         named_barrier_sync(C::kEpilogueBarrier + wg, 128);
 #pragma unroll 4
-        for (int c = threadIdx.x % 128; c < 64 * kChunksPerRow; c += 128) {
+        for (int c = tid % 128; c < 64 * kChunksPerRow; c += 128) {
           const int row = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
           if (t.m0 + wg_row + row < t.seq.seqlen_q && col < p.head_dim)
             *reinterpret_cast<uint4*>(out_rows + row * p.out.row + col) =

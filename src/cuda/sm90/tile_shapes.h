@@ -24,14 +24,17 @@ struct ForwardShape {
 // stage fills the 227 KB). Pingpong pays where the softmax is a large share of a step's time,
 // i.e. for head dims up to 128, and above on short sequences (Consumer::pingpong).
 //
-// `tall`: three consumers, 192-row tiles (d <= 128, forward_tall). Each consumer's softmax gets
-// the time of two others' GEMMs instead of one's, and K and V are read once per 192 query rows
-// instead of 128, a third fewer bytes from L2 per FLOP, which counts where the GPU runs at its
-// power cap. Their 160 registers hold O, S and P of 96 keys at d = 64 and of 64 at d = 128 (80
-// keys spill there). Measured on the H200 at d = 128 against 128-row tiles: +5.4 to +7.9% from 2k
-// keys non-causal, +7.5 to +8.8% causal from 8k (2k and 4k causal: -2 to +5% over two runs).
+// `tall`: more consumers a tile (d <= 128, forward_tall): each consumer's softmax gets the time
+// of the others' GEMMs, and K and V are read once per tile of 192 or 256 query rows instead of
+// 128, fewer bytes from L2 per FLOP, which counts where the GPU runs at its power cap; fewer tile
+// boundaries a head, too. At d = 128 three consumers of 160 registers hold O, S and P of 64 keys
+// (80 keys spill). At d = 64 four consumers of 112 registers hold those of 64 keys: against
+// three of 96 keys it measured +9 to +26% at 1k to 4k keys non-causal, +2 to +4% causal and +0.4
+// to +3% from 8k (the boundary, about 4000 clocks, comes once per 256 rows instead of 192 or 128).
+// Measured at d = 128 against 128-row tiles: +5.4 to +7.9% from 2k keys non-causal, +7.5 to +8.8%
+// causal from 8k (2k and 4k causal: -2 to +5% over two runs).
 constexpr ForwardShape forward_shape(int head_dim, bool tall) {
-  return tall && head_dim <= 64 ? ForwardShape{192, 96, 2, 2, true}
+  return tall && head_dim <= 64 ? ForwardShape{256, 64, 4, 4, true}
          : tall                 ? ForwardShape{192, 64, 2, 3, true}
          : head_dim <= 128      ? ForwardShape{128, 128, 2, 3, true}
          : head_dim <= 192      ? ForwardShape{128, 96, 2, 2, false}
@@ -39,11 +42,13 @@ constexpr ForwardShape forward_shape(int head_dim, bool tall) {
 }
 
 // Whether a forward of `seqlen_q` query rows (the longest, for varlen) takes tall tiles: at
-// d <= 128, when they compute at most 4% more rows than 128-row tiles (N = 1k: 1152 rows against
-// 1024, not taken; 2k: 2112 against 2048, taken). Read by the host and by the launcher.
+// d <= 128, when they compute at most 4% more rows than 128-row tiles (d = 128, N = 1k: 1152 rows
+// against 1024, not taken; 2k: 2112 against 2048, taken; d = 64 takes 256-row tiles at every
+// multiple of 256). Read by the host and by the launcher.
 constexpr bool forward_tall_possible(int head_dim) { return head_dim <= 128; }
 constexpr bool forward_tall(int head_dim, int64_t seqlen_q) {
-  const int64_t tall_rows = (seqlen_q + 191) / 192 * 192, rows = (seqlen_q + 127) / 128 * 128;
+  const int64_t m = forward_shape(head_dim, true).block_m;
+  const int64_t tall_rows = (seqlen_q + m - 1) / m * m, rows = (seqlen_q + 127) / 128 * 128;
   return forward_tall_possible(head_dim) && tall_rows * 25 <= rows * 26;
 }
 
